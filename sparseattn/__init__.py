@@ -1,0 +1,12 @@
+"""sparseattn: block-sparse attention in Triton, and the book that measures it.
+
+Importing the package touches no GPU and imports neither plotly nor ipywidgets; Triton kernels are
+defined on first use (see :mod:`sparseattn._runtime`).
+"""
+from . import patterns
+from .layout import BlockLayout, TransposedLists
+from .reference import merge_states, reference_attention
+
+__version__ = "0.1.0"
+
+__all__ = ["patterns", "BlockLayout", "TransposedLists", "reference_attention", "merge_states", "__version__"]
