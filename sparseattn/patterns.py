@@ -148,6 +148,66 @@ def _distance_range(tiles: TileGrid):
     return tiles.q_lo - tiles.k_hi, tiles.q_hi - tiles.k_lo
 
 
+def _band_bounds(lo, hi, tiles: TileGrid) -> TileBounds:
+    """Exact bounds for ``lo <= q - kv <= hi`` (``None`` = unbounded)."""
+    d_min, d_max = _distance_range(tiles)
+    t = torch.ones((), dtype=torch.bool, device=tiles.device)
+    any_, all_ = t, t
+    if lo is not None:
+        any_, all_ = any_ & (d_max >= lo), all_ & (d_min >= lo)
+    if hi is not None:
+        any_, all_ = any_ & (d_min <= hi), all_ & (d_max <= hi)
+    if lo is not None and hi is not None and lo > hi:
+        any_, all_ = ~t, ~t
+    return _exact(any_, all_)
+
+
+def _and_of(parts) -> TileBounds:
+    all_lo, all_hi, any_hi = parts[0].all_lo, parts[0].all_hi, parts[0].any_hi
+    for p in parts[1:]:
+        all_lo, all_hi, any_hi = all_lo & p.all_lo, all_hi & p.all_hi, any_hi & p.any_hi
+    # surely some cell: one part surely has some and every other part surely allows everything
+    any_lo = all_lo
+    for i, p in enumerate(parts):
+        others_full = p.any_lo
+        for j, o in enumerate(parts):
+            if j != i:
+                others_full = others_full & o.all_lo
+        any_lo = any_lo | others_full
+    return TileBounds(any_lo, any_hi, all_lo, all_hi)
+
+
+def _or_of(parts) -> TileBounds:
+    any_lo, any_hi, all_lo = parts[0].any_lo, parts[0].any_hi, parts[0].all_lo
+    for p in parts[1:]:
+        any_lo, any_hi, all_lo = any_lo | p.any_lo, any_hi | p.any_hi, all_lo | p.all_lo
+    # maybe everything: when at most one part can allow anything, the union is that part; when two or
+    # more can, they might cover the tile together
+    n_possible = sum(p.any_hi.to(torch.int8) for p in parts)
+    all_hi = n_possible >= 2
+    for p in parts:
+        all_hi = all_hi | (p.all_hi & (n_possible == 1) & p.any_hi)
+    return TileBounds(any_lo, any_hi, all_lo, all_hi)
+
+
+def _and_rule(masks, tiles: TileGrid) -> TileBounds:
+    """Bounds of and(masks): distance bands are intersected into one exact band, and one or-part is
+    distributed (and(A, or(B, C)) = or(and(A, B), and(A, C))) so common compositions such as
+    causal & (sinks | window) classify every tile without evaluating cells."""
+    masks = list(masks)
+    for i, m in enumerate(masks):
+        if getattr(m, "combine", None) == "or":
+            others = masks[:i] + masks[i + 1:]
+            return _or_of([_and_rule(others + [p], tiles) for p in m.parts])
+    bands = [m.band for m in masks if getattr(m, "band", None) is not None]
+    bounds = [tile_rule_of(m)(tiles) for m in masks if getattr(m, "band", None) is None]
+    if bands:
+        los = [b[0] for b in bands if b[0] is not None]
+        his = [b[1] for b in bands if b[1] is not None]
+        bounds.append(_band_bounds(max(los) if los else None, min(his) if his else None, tiles))
+    return _and_of(bounds)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Basic patterns
 # ---------------------------------------------------------------------------------------------------------
@@ -161,7 +221,7 @@ def full() -> MaskMod:
         t = torch.ones((), dtype=torch.bool, device=tiles.device)
         return _exact(t, t)
 
-    return _named(mask_mod, "full", rule, kernel_predicate=("full",))
+    return _named(mask_mod, "full", rule, band=(None, None))
 
 
 def causal() -> MaskMod:
@@ -170,11 +230,7 @@ def causal() -> MaskMod:
     def mask_mod(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx
 
-    def rule(tiles):
-        d_min, d_max = _distance_range(tiles)
-        return _exact(d_max >= 0, d_min >= 0)
-
-    return _named(mask_mod, "causal", rule, kernel_predicate=("window", 0, None))
+    return _named(mask_mod, "causal", lambda tiles: _band_bounds(0, None, tiles), band=(0, None))
 
 
 def sliding_window(window: int) -> MaskMod:
@@ -185,11 +241,8 @@ def sliding_window(window: int) -> MaskMod:
         d = q_idx - kv_idx
         return (d >= 0) & (d < window)
 
-    def rule(tiles):
-        d_min, d_max = _distance_range(tiles)
-        return _exact((d_max >= 0) & (d_min < window), (d_min >= 0) & (d_max < window))
-
-    return _named(mask_mod, f"sliding_window_{window}", rule, kernel_predicate=("window", 0, window))
+    return _named(mask_mod, f"sliding_window_{window}", lambda tiles: _band_bounds(0, window - 1, tiles),
+                  band=(0, window - 1))
 
 
 def sinks(num_sinks: int) -> MaskMod:
@@ -202,7 +255,7 @@ def sinks(num_sinks: int) -> MaskMod:
     def rule(tiles):
         return _exact(tiles.k_lo < num_sinks, tiles.k_hi < num_sinks)
 
-    return _named(mask_mod, f"sinks_{num_sinks}", rule, kernel_predicate=("sinks", num_sinks))
+    return _named(mask_mod, f"sinks_{num_sinks}", rule, num_sinks=num_sinks)
 
 
 def dilated(stride: int) -> MaskMod:
@@ -307,7 +360,7 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
         is_sorted = (ids[:, 1:] >= ids[:, :-1]).all(dim=1).view(-1, 1, 1, 1)
         return TileBounds(overlap & is_sorted, overlap, single, single)
 
-    return _named(mask_mod, "document", rule, kernel_predicate=("document",), doc_ids=doc_ids)
+    return _named(mask_mod, "document", rule, doc_ids=doc_ids)
 
 
 def prefix_lm(prefix: int) -> MaskMod:
@@ -340,19 +393,7 @@ def and_masks(*masks: MaskMod) -> MaskMod:
         return out
 
     def rule(tiles):
-        parts = [tile_rule_of(m)(tiles) for m in masks]
-        all_lo, all_hi, any_hi = parts[0].all_lo, parts[0].all_hi, parts[0].any_hi
-        for p in parts[1:]:
-            all_lo, all_hi, any_hi = all_lo & p.all_lo, all_hi & p.all_hi, any_hi & p.any_hi
-        # surely some cell: one part surely has some and every other part surely allows everything
-        any_lo = all_lo
-        for i, p in enumerate(parts):
-            others_full = p.any_lo
-            for j, o in enumerate(parts):
-                if j != i:
-                    others_full = others_full & o.all_lo
-            any_lo = any_lo | others_full
-        return TileBounds(any_lo, any_hi, all_lo, all_hi)
+        return _and_rule(masks, tiles)
 
     name = "and(" + ", ".join(m.__name__ for m in masks) + ")"
     return _named(mask_mod, name, rule, parts=masks, combine="and")
@@ -369,17 +410,7 @@ def or_masks(*masks: MaskMod) -> MaskMod:
         return out
 
     def rule(tiles):
-        parts = [tile_rule_of(m)(tiles) for m in masks]
-        any_lo, any_hi, all_lo = parts[0].any_lo, parts[0].any_hi, parts[0].all_lo
-        for p in parts[1:]:
-            any_lo, any_hi, all_lo = any_lo | p.any_lo, any_hi | p.any_hi, all_lo | p.all_lo
-        # maybe everything: when at most one part can allow anything, the union is that part; when two or
-        # more can, they might cover the tile together
-        n_possible = sum(p.any_hi.to(torch.int8) for p in parts)
-        all_hi = n_possible >= 2
-        for p in parts:
-            all_hi = all_hi | (p.all_hi & (n_possible == 1) & p.any_hi)
-        return TileBounds(any_lo, any_hi, all_lo, all_hi)
+        return _or_of([tile_rule_of(m)(tiles) for m in masks])
 
     name = "or(" + ", ".join(m.__name__ for m in masks) + ")"
     return _named(mask_mod, name, rule, parts=masks, combine="or")
