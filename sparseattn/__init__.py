@@ -5,8 +5,10 @@ defined on first use (see :mod:`sparseattn._runtime`).
 """
 from . import patterns
 from .layout import BlockLayout, TransposedLists
+from .ops import sparse_attention
 from .reference import merge_states, reference_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["patterns", "BlockLayout", "TransposedLists", "reference_attention", "merge_states", "__version__"]
+__all__ = ["patterns", "BlockLayout", "TransposedLists", "reference_attention", "merge_states", "sparse_attention",
+           "__version__"]

@@ -1,0 +1,214 @@
+"""Public ops: argument checks, allocation, kernel launch and autograd. No ``@triton.jit`` code here."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import _runtime
+from .layout import BlockLayout
+from .predicates import Predicate, kernel_predicate
+from .reference import check_qkv
+
+__all__ = ["sparse_attention", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def _fwd_config(D: int, dtype: torch.dtype, layout: BlockLayout, interpreter: bool) -> FwdConfig:
+    """Kernel tiles: they must divide the layout's tiles. Chosen by head dim and dtype (tuned on the H200:
+    see the ``prefill`` benchmark suite's config sweep)."""
+    if interpreter:  # the interpreter's cost is per tile iteration, not per cell: use the largest tiles
+        return FwdConfig(min(layout.block_q, 128), min(layout.block_k, 128), 4, 1)
+    if dtype == torch.float32:
+        bm, bn, warps, stages = 64, 32, 4, 2
+    elif D <= 64:
+        bm, bn, warps, stages = 128, 64, 4, 3
+    else:
+        bm, bn, warps, stages = 128, 64, 8, 3
+    return FwdConfig(min(bm, layout.block_q), min(bn, layout.block_k), warps, stages)
+
+
+def _cache(layout: BlockLayout) -> dict:
+    return layout.__dict__.setdefault("_kernel_cache", {})
+
+
+def _row_order(layout: BlockLayout, block_m: int) -> torch.Tensor:
+    """Kernel query sub-tiles sorted by their row's tile count, longest first (computed once per layout)."""
+    key = ("row_order", block_m)
+    cache = _cache(layout)
+    if key not in cache:
+        work = (layout.kv_count + layout.full_count).sum(dim=(0, 1))  # [nq]
+        sub = layout.block_q // block_m
+        n_m = math.ceil(layout.q_len / block_m)
+        per_m = work.repeat_interleave(sub)[:n_m]
+        cache[key] = torch.argsort(per_m, descending=True, stable=True).to(torch.int32)
+    return cache[key]
+
+
+def _mask_path(layout: BlockLayout):
+    """``(predicate, bits)``: exactly one is used by the kernel for partial tiles."""
+    cache = _cache(layout)
+    if "mask_path" not in cache:
+        pred = None if layout.tile_bits is not None and layout.mask_mod is None else kernel_predicate(layout.mask_mod)
+        bits = None
+        if pred is None and bool((layout.kv_count > 0).any()):
+            bits = layout.partial_tile_bits()
+        cache["mask_path"] = (pred, bits)
+    return cache["mask_path"]
+
+
+def mask_path_name(layout: BlockLayout) -> str:
+    """``"predicate: ..."`` or ``"bits"``: how the kernels mask this layout's partial tiles."""
+    pred, bits = _mask_path(layout)
+    if pred is not None:
+        return "predicate: " + pred.describe()
+    return "bits" if bits is not None else "none (no partial tiles)"
+
+
+def _doc_table(pred: Predicate, layout: BlockLayout, B: int) -> Optional[torch.Tensor]:
+    if pred is None or pred.doc_ids is None:
+        return None
+    cache = _cache(layout)
+    if "doc" not in cache:
+        ids = pred.doc_ids.to(device=layout.device, dtype=torch.int32)
+        need = max(layout.q_offset + layout.q_len, layout.kv_len)
+        if ids.shape[-1] < need:
+            raise ValueError(f"doc_ids covers {ids.shape[-1]} positions but attention needs {need}")
+        cache["doc"] = ids.contiguous()
+    ids = cache["doc"]
+    if ids.dim() == 2 and ids.shape[0] != B:
+        raise ValueError(f"doc_ids has batch {ids.shape[0]} but q has batch {B}")
+    return ids
+
+
+def check_layout_for(layout: BlockLayout, B: int, Hq: int, Hkv: int, Lq: int, Lk: int, device) -> None:
+    if not isinstance(layout, BlockLayout):
+        raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
+    if (layout.q_len, layout.kv_len) != (Lq, Lk):
+        raise ValueError(f"layout is for q_len={layout.q_len}, kv_len={layout.kv_len} but q/k have Lq={Lq}, Lk={Lk}")
+    if layout.B not in (1, B):
+        raise ValueError(f"layout has B={layout.B}; it must be 1 or the batch size {B}")
+    if layout.H not in (1, Hkv, Hq):
+        raise ValueError(f"layout has H={layout.H}; it must be 1, the KV heads ({Hkv}) or the query heads ({Hq})")
+    if layout.device != device:
+        raise ValueError(f"layout is on {layout.device} but q is on {device}; use layout.to(q.device)")
+
+
+def _check_inputs(q, k, v, layout, scale, out):
+    B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, v)
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if D not in SUPPORTED_HEAD_DIMS or v.shape[-1] != D:
+        raise ValueError(f"head dim must be one of {SUPPORTED_HEAD_DIMS} (and equal for q, k, v), got q {D}, "
+                         f"v {v.shape[-1]}")
+    check_layout_for(layout, B, Hq, Hkv, Lq, Lk, q.device)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if tuple(out.shape) != (B, Hq, Lq, D) or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"out must be a {q.dtype} tensor of shape {(B, Hq, Lq, D)} on {q.device}, got "
+                             f"{out.dtype} {tuple(out.shape)} on {out.device}")
+        if out.stride(-1) != 1:
+            raise ValueError("out must have a contiguous last dimension")
+    if q.device.type == "cpu" and _runtime.select_backend() == "cuda":
+        raise ValueError("q is on the CPU but a GPU is present: move q, k, v and the layout to CUDA, or set "
+                         "TRITON_INTERPRET=1 before importing sparseattn to run the kernels on the CPU")
+    return B, Hq, Hkv, Lq, Lk, D, float(scale)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Tensor], config: Optional[FwdConfig]):
+    kernels = _runtime.load_kernels("prefill_fwd")
+    interpreter = _runtime.select_backend() == "interpreter"
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    cfg = config or _fwd_config(D, q.dtype, layout, interpreter)
+    if layout.block_q % cfg.block_m or layout.block_k % cfg.block_n:
+        raise ValueError(f"kernel tiles {cfg.block_m}x{cfg.block_n} must divide the layout's "
+                         f"{layout.block_q}x{layout.block_k}")
+    o = out if out is not None else torch.empty_like(q)
+    lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
+    pred, bits = _mask_path(layout)
+    doc = _doc_table(pred, layout, B)
+    band = pred.band if pred is not None else (0, -1)
+    sink_n = pred.sink_n if pred is not None and pred.has_sinks else 0
+    sink_band = pred.sink_band if sink_n else (0, -1)
+    group = Hq // Hkv
+    lh_div = 1 if layout.H == Hq else group
+    order = _row_order(layout, cfg.block_m)
+    grid = (order.numel(), B * Hq)
+    dummy = layout.kv_count
+    kernels.sparse_fwd_kernel[grid](
+        q, k, v, o, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        o.stride(0), o.stride(1), o.stride(2),
+        layout.kv_count, layout.kv_index, layout.full_count, layout.full_index, order,
+        bits if bits is not None else dummy, doc if doc is not None else dummy,
+        doc.stride(0) if doc is not None and doc.dim() == 2 else 0,
+        Hq, group, layout.B, layout.H, lh_div, layout.nq, layout.width, layout.full_width,
+        Lq, Lk, layout.q_offset, scale * LOG2E,
+        band[0], band[1], sink_n, sink_band[0], sink_band[1],
+        HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        USE_BITS=bits is not None, HAS_SINKS=sink_n > 0, HAS_DOC=doc is not None,
+        DOC_BATCHED=doc is not None and doc.dim() == 2, EVEN_K=Lk % layout.block_k == 0,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return o, lse
+
+
+class _SparseAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, layout, scale, out, config):
+        o, lse = _forward(q, k, v, layout, scale, out, config)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        raise NotImplementedError("sparse_attention has no backward pass yet: gradients through it are not "
+                                  "available in this version (use reference_attention for training checks)")
+
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
+                     scale: Optional[float] = None, return_lse: bool = False, deterministic: bool = True,
+                     out: Optional[torch.Tensor] = None, *, _config: Optional[FwdConfig] = None):
+    """Block-sparse attention over the tiles ``layout`` lists.
+
+    q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` (``Hq % Hkv == 0``), fp16/bf16/fp32, D in
+    ``SUPPORTED_HEAD_DIMS``. Returns ``o`` (q's dtype) and, with ``return_lse``, the natural-log LSE
+    ``[B, Hq, Lq]`` float32. Rows with no allowed key give 0 and ``-inf``. ``out`` receives ``o`` when given.
+    """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    *_, scale = _check_inputs(q, k, v, layout, scale, out)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        o, lse = _SparseAttention.apply(q, k, v, layout, scale, out, _config)
+    else:
+        o, lse = _forward(q, k, v, layout, scale, out, _config)
+    return (o, lse) if return_lse else o
