@@ -1,0 +1,316 @@
+"""Benchmarks: ``python -m sparseattn.bench <suite> [--out DIR] [options]``.
+
+Each suite fits in one 10-minute GPU run, measures our kernels and the strongest baselines on the same
+work in the same process, prints a short table last and writes ``<suite>-<gpu>.json`` into ``--out``
+(default ``book/data/bench/``). Suites: ``prefill`` (forward kernel vs FlexAttention, cuDNN, FA2, naive),
+``layout`` (building the block table vs FlexAttention's ``create_block_mask``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from typing import Callable, Optional
+
+import torch
+
+import sparseattn
+from .layout import BlockLayout
+from . import patterns as P
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "book", "data", "bench")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------------------
+def gpu_slug(name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"h200"``."""
+    name = name.lower().replace("nvidia", "").replace("geforce", "")
+    m = re.search(r"([a-z]+\d+[a-z]*)", name)
+    return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
+
+
+def environment() -> dict:
+    import triton
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+           "sparseattn": sparseattn.__version__}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(device=p.name, sm_count=p.multi_processor_count, cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version())
+    else:
+        env.update(device="cpu")
+    return env
+
+
+def time_gpu(fn: Callable, warmup_ms: float = 50, rep_ms: float = 300) -> float:
+    """Median milliseconds of ``fn`` by CUDA events (triton's do_bench, which also flushes L2 between runs)."""
+    import triton.testing
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def time_host(fn: Callable, repeat: int = 15, warmup: int = 3) -> float:
+    """Median wall milliseconds of a host-synchronising ``fn`` (layout builds read counts back to the host)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def write_json(suite: str, results: list, out_dir: str, extra: Optional[dict] = None) -> str:
+    env = environment()
+    doc = {"suite": suite, **env, **(extra or {}), "results": results}
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{suite}-{gpu_slug(env['device'])}.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return path
+
+
+def print_table(rows: list, cols: list) -> None:
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).rjust(w) for c, w in zip(cols, widths)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the prefill patterns of the book
+# ---------------------------------------------------------------------------------------------------------
+def prefill_layout(pattern: str, N: int, block: int = 128, device="cuda") -> BlockLayout:
+    if pattern == "causal":
+        return BlockLayout.from_mask_mod(P.causal(), N, N, block, block, device=device)
+    if pattern == "window1024":
+        return BlockLayout.from_mask_mod(P.sliding_window(1024), N, N, block, block, device=device)
+    if pattern == "sinks64+window1024":
+        mm = P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024)))
+        return BlockLayout.from_mask_mod(mm, N, N, block, block, device=device)
+    if pattern == "random10%+diag":
+        # 10% of the 128-blocks at random plus the diagonal, every listed tile full (a block-level pattern)
+        n = math.ceil(N / block)
+        g = torch.Generator(device="cpu").manual_seed(0)
+        blocks = (torch.rand(n, n, generator=g) < 0.10) | torch.eye(n, dtype=torch.bool)
+        return BlockLayout.from_block_mask(blocks.view(1, 1, n, n).to(device), N, N, block, block)
+    raise ValueError(f"unknown prefill pattern {pattern!r}")
+
+
+PREFILL_PATTERNS = ["causal", "window1024", "sinks64+window1024", "random10%+diag"]
+
+
+def _tile_flops(layout: BlockLayout, H: int, D: int) -> float:
+    tiles = int(layout.kv_count.sum() + layout.full_count.sum()) * (H if layout.H == 1 else 1)
+    return tiles * 4.0 * layout.block_q * layout.block_k * D
+
+
+def _flex_fn(q, k, v, block_mask):
+    from torch.nn.attention.flex_attention import flex_attention
+    import torch._dynamo
+    cfg = torch._dynamo.config
+    if hasattr(cfg, "recompile_limit"):
+        cfg.recompile_limit = max(cfg.recompile_limit, 1024)
+    if hasattr(cfg, "cache_size_limit"):
+        cfg.cache_size_limit = max(cfg.cache_size_limit, 1024)
+    compiled = _flex_fn.__dict__.setdefault("compiled", torch.compile(flex_attention, dynamic=False))
+    return lambda: compiled(q, k, v, block_mask=block_mask)
+
+
+def _sdpa_fn(q, k, v, backend, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}[backend]
+
+    def run():
+        with sdpa_kernel(be):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def _naive_fn(q, k, v, dense_mask):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+
+    def run():
+        s = torch.matmul(q, k.transpose(-1, -2)) * scale
+        s = s.masked_fill(~dense_mask, float("-inf"))
+        return torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), v)
+    return run
+
+
+def _rel_err(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def suite_prefill(args) -> tuple:
+    from .ops import FwdConfig, sparse_attention
+    B, H, D, dtype = 1, args.heads, args.head_dim, torch.bfloat16
+    results, table = [], []
+    Ns = [int(x) for x in args.n.split(",")]
+    patterns = args.patterns.split(",") if args.patterns else PREFILL_PATTERNS
+    for N in Ns:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
+        base = dict(N=N, B=B, H=H, D=D, dtype="bf16")
+        dense_ms = {}
+        for impl in ("cudnn", "fa2"):
+            for causal in (False, True):
+                try:
+                    ms = time_gpu(_sdpa_fn(q, k, v, impl, causal))
+                except RuntimeError as e:  # backend refused the shape
+                    print(f"# {impl} causal={causal} N={N}: {e}", file=sys.stderr)
+                    continue
+                pat = "causal" if causal else "dense"
+                dense_ms[(impl, pat)] = ms
+                flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0)
+                results.append({"case": {**base, "pattern": pat}, "impl": impl, "pass": "fwd", "ms": ms,
+                                "tflops": flops / ms / 1e9})
+        for pattern in patterns:
+            layout = prefill_layout(pattern, N)
+            flops = _tile_flops(layout, H, D)
+            st = layout.stats()
+            case = {**base, "pattern": pattern, "block": 128, "tiles": st["listed_tiles"],
+                    "full_tiles": st["full_tiles"], "partial_tiles": st["partial_tiles"],
+                    "logical_density": st["logical_density"], "tile_amplification": st["tile_amplification"]}
+            ours = lambda: sparse_attention(q, k, v, layout)  # noqa: E731
+            o_ours = ours()
+            ms_ours = time_gpu(ours)
+            row = {"pattern": pattern, "N": N, "ours_ms": round(ms_ours, 3),
+                   "tile_TF/s": round(flops / ms_ours / 1e9)}
+            results.append({"case": case, "impl": "sparseattn", "pass": "fwd", "ms": ms_ours,
+                            "tile_tflops": flops / ms_ours / 1e9})
+            if not args.no_flex:
+                bm = layout.to_flex()
+                flex = _flex_fn(q, k, v, bm)
+                o_flex = flex()
+                ms_flex = time_gpu(flex)
+                err = _rel_err(o_ours, o_flex)
+                results.append({"case": case, "impl": "flex", "pass": "fwd", "ms": ms_flex,
+                                "tile_tflops": flops / ms_flex / 1e9, "rel_err_ours_vs_flex": err})
+                row.update({"flex_ms": round(ms_flex, 3), "flex/ours": round(ms_flex / ms_ours, 2),
+                            "err_vs_flex": f"{err:.1e}"})
+            same_work = dense_ms.get(("cudnn", "causal" if pattern == "causal" else "dense"))
+            if same_work:
+                row["cudnn_ms"] = round(same_work, 3)
+                row["cudnn/ours"] = round(same_work / ms_ours, 2)
+            if B * H * N * N * 2 * 3 <= args.naive_max_bytes:
+                dense_mask = layout.to_dense()
+                ms_naive = time_gpu(_naive_fn(q, k, v, dense_mask))
+                results.append({"case": case, "impl": "naive", "pass": "fwd", "ms": ms_naive})
+                row["naive_ms"] = round(ms_naive, 2)
+                del dense_mask
+            table.append(row)
+            if args.sweep and N == max(Ns):
+                for cfg in _sweep_configs(D):
+                    try:
+                        ms = time_gpu(lambda: sparse_attention(q, k, v, layout, _config=cfg))
+                    except Exception as e:  # a config that does not compile (shared memory) is skipped
+                        print(f"# config {cfg} failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+                        continue
+                    results.append({"case": case, "impl": "sparseattn", "pass": "fwd", "ms": ms,
+                                    "config": cfg.__dict__, "sweep": True, "tile_tflops": flops / ms / 1e9})
+                    print(f"# sweep {pattern} N={N} {cfg}: {ms:.3f} ms", file=sys.stderr)
+        del q, k, v
+        torch.cuda.empty_cache()
+    cols = ["pattern", "N", "ours_ms", "tile_TF/s", "flex_ms", "flex/ours", "cudnn_ms", "cudnn/ours", "naive_ms",
+            "err_vs_flex"]
+    return results, table, cols
+
+
+def _sweep_configs(D):
+    from .ops import FwdConfig
+    return [FwdConfig(*c) for c in ((128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
+                                    (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3))]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# layout build
+# ---------------------------------------------------------------------------------------------------------
+def _layout_cases(N):
+    docs = torch.sort(torch.randint(0, 32, (N,), device="cuda", generator=None)).values
+    return {
+        "causal": P.causal(),
+        "window1024": P.sliding_window(1024),
+        "sinks64+window1024": P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024))),
+        "dilated4&causal": P.and_masks(P.causal(), P.dilated(4)),
+        "documents&causal": P.and_masks(P.causal(), P.document(docs)),
+        "block_random10%": P.block_random(0.1, 128, seed=0),
+        "arbitrary(no rule)": lambda b, h, q, k: (k <= q) & ((q - k) % 7 != 3),
+    }
+
+
+def suite_layout(args) -> tuple:
+    results, table = [], []
+    Ns = [int(x) for x in args.n.split(",")]
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+    except ImportError:
+        create_block_mask = None
+    for N in Ns:
+        for name, mm in _layout_cases(N).items():
+            case = {"pattern": name, "N": N, "block": 128}
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            build = lambda: BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cuda")  # noqa: E731
+            ms = time_host(build)
+            peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
+            layout = build()
+            ms_t = time_gpu(lambda: layout.transpose(width=layout.nq))  # fixed capacity: no host sync
+            st = layout.stats()
+            results.append({"case": case, "impl": "sparseattn", "pass": "layout", "ms": ms,
+                            "peak_mb": peak_mb, "tiles": st["listed_tiles"]})
+            results.append({"case": case, "impl": "sparseattn", "pass": "transpose", "ms": ms_t})
+            row = {"pattern": name, "N": N, "build_ms": round(ms, 3), "transpose_ms": round(ms_t, 3),
+                   "peak_MB": round(peak_mb, 1), "tiles": st["listed_tiles"]}
+            if create_block_mask is not None:
+                fm = mm
+                flex_ms = time_host(lambda: create_block_mask(fm, None, None, N, N, device="cuda", BLOCK_SIZE=128))
+                results.append({"case": case, "impl": "flex", "pass": "layout", "ms": flex_ms})
+                row["flex_create_block_mask_ms"] = round(flex_ms, 3)
+                row["flex/ours"] = round(flex_ms / ms, 1)
+            table.append(row)
+    cols = ["pattern", "N", "build_ms", "transpose_ms", "peak_MB", "tiles", "flex_create_block_mask_ms", "flex/ours"]
+    return results, table, cols
+
+
+SUITES = {"prefill": suite_prefill, "layout": suite_layout}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sparseattn.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", choices=sorted(SUITES))
+    ap.add_argument("--out", default=DEFAULT_OUT, help="directory for <suite>-<gpu>.json")
+    ap.add_argument("--n", default=None, help="comma-separated sequence lengths")
+    ap.add_argument("--patterns", default=None, help="comma-separated prefill patterns")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time a set of kernel tile configs")
+    ap.add_argument("--naive-max-bytes", type=float, default=24e9)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the benchmarks need a CUDA GPU", file=sys.stderr)
+        return 2
+    if args.n is None:
+        args.n = {"prefill": "4096,8192,16384,32768,65536", "layout": "32768,131072"}[args.suite]
+    results, table, cols = SUITES[args.suite](args)
+    path = write_json(args.suite, results, args.out)
+    print(f"\nwrote {path}")
+    print_table(table, cols)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
