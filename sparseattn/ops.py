@@ -25,6 +25,24 @@ class FwdConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    tma: Optional[bool] = None  # None: use tensor descriptors (TMA) where the GPU and the strides allow
+
+
+def _tma_ok(*tensors) -> bool:
+    """Tensor descriptors need 16-byte aligned bases and strides (and a unit last stride)."""
+    for t in tensors:
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _use_tma(cfg: FwdConfig, q, k, v, interpreter: bool) -> bool:
+    if cfg.tma is False:
+        return False
+    capable = interpreter or torch.cuda.get_device_capability(q.device)[0] >= 9
+    return capable and _tma_ok(q, k, v)
 
 
 def _fwd_config(D: int, dtype: torch.dtype, layout: BlockLayout, interpreter: bool) -> FwdConfig:
@@ -37,7 +55,7 @@ def _fwd_config(D: int, dtype: torch.dtype, layout: BlockLayout, interpreter: bo
     elif D <= 64:
         bm, bn, warps, stages = 128, 64, 4, 3
     else:
-        bm, bn, warps, stages = 128, 64, 8, 3
+        bm, bn, warps, stages = 128, 128, 8, 2
     return FwdConfig(min(bm, layout.block_q), min(bn, layout.block_k), warps, stages)
 
 
@@ -161,8 +179,16 @@ def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Ten
     order = _row_order(layout, cfg.block_m)
     grid = (order.numel(), B * Hq)
     dummy = layout.kv_count
+    use_tma = _use_tma(cfg, q, k, v, interpreter)
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        desc_q = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, cfg.block_m, D])
+        desc_k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.block_n, D])
+        desc_v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.block_n, D])
+    else:
+        desc_q = desc_k = desc_v = q
     kernels.sparse_fwd_kernel[grid](
-        q, k, v, o, lse,
+        q, k, v, o, lse, desc_q, desc_k, desc_v,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -175,7 +201,7 @@ def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Ten
         band[0], band[1], sink_n, sink_band[0], sink_band[1],
         HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         USE_BITS=bits is not None, HAS_SINKS=sink_n > 0, HAS_DOC=doc is not None,
-        DOC_BATCHED=doc is not None and doc.dim() == 2, EVEN_K=Lk % layout.block_k == 0,
+        DOC_BATCHED=doc is not None and doc.dim() == 2, EVEN_K=Lk % layout.block_k == 0, USE_TMA=use_tma,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -218,3 +218,14 @@ def test_bad_out_and_scale():
         sa.sparse_attention(q, k, v, layout, scale=float("nan"))
     with pytest.raises(TypeError, match="deterministic"):
         sa.sparse_attention(q, k, v, layout, deterministic="yes")
+
+
+@pytest.mark.parametrize("name", ["sinks+window", "dilated", "document"])
+@pytest.mark.parametrize("tma", [False, True])
+def test_pointer_and_descriptor_paths(name, tma):
+    from sparseattn.ops import FwdConfig
+    L = 100
+    layout = BlockLayout.from_mask_mod(PATTERNS[name], L, L, 32, 32, device="cpu")
+    q, k, v = (rand(1, 2, L, 32, dtype=torch.float32) for _ in range(3))
+    cfg = FwdConfig(32, 16, 4, 1, tma=tma)  # kernel tiles smaller than the layout's: 2 steps per tile
+    run_and_check(layout, q, k, v, _config=cfg)

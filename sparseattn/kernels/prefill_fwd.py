@@ -32,8 +32,25 @@ def _partial_mask(offs_m_abs, offs_n, n_start, row_in_tile, bits_ptr, doc_q, DOC
 
 
 @triton.jit
+def _load_tile(desc, base, row0, stride_row, b, h, L, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+               USE_TMA: tl.constexpr, CHECK: tl.constexpr):
+    """Rows ``row0 .. row0 + ROWS`` of one (batch, head) as ``[ROWS, HEAD_DIM]``; rows >= L read as 0.
+    With TMA the copy engine does the addressing and the zero fill; otherwise plain masked loads."""
+    if USE_TMA:
+        b_x = desc.load([b, h, row0, 0]).reshape(ROWS, HEAD_DIM)
+    else:
+        offs = row0 + tl.arange(0, ROWS)
+        ptrs = base + offs[:, None] * stride_row + tl.arange(0, HEAD_DIM)[None, :]
+        if CHECK:
+            b_x = tl.load(ptrs, mask=(offs < L)[:, None], other=0.0)
+        else:
+            b_x = tl.load(ptrs)
+    return b_x
+
+
+@triton.jit
 def sparse_fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, O, LSE, desc_q, desc_k, desc_v,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -46,7 +63,7 @@ def sparse_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, DOC_BATCHED: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # ---- which rows this program owns -----------------------------------------------------------------
     pid = tl.program_id(0)
@@ -70,7 +87,7 @@ def sparse_fwd_kernel(
     k_base = K + b.to(tl.int64) * stride_kb + hkv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + hkv.to(tl.int64) * stride_vh
     m_ok = offs_m < Lq
-    b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
+    b_q = _load_tile(desc_q, q_base, m_start, stride_qm, b, hq, Lq, BLOCK_M, HEAD_DIM, USE_TMA, True)  # [BM, D]
 
     doc_q = offs_m_abs  # placeholder of the right shape when there are no documents
     DOC_K = DOC
@@ -91,23 +108,22 @@ def sparse_fwd_kernel(
         kb = tl.load(KV_INDEX + row * W + slot)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
         offs_n = n_start + tl.arange(0, BLOCK_N)  # [BN]
-        n_ok = offs_n < Lk
-        b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION) * scale_log2  # [BM, BN]
+        b_k = _load_tile(desc_k, k_base, n_start, stride_kn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, True)
+        b_v = _load_tile(desc_v, v_base, n_start, stride_vn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, True)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN] raw scores
         bits_ptr = BITS + (row.to(tl.int64) * W + slot) * (BLOCK_Q * BLOCK_K // 8)
         allowed = _partial_mask(offs_m_abs, offs_n, n_start, row_in_tile, bits_ptr, doc_q, DOC_K,
                                 band_lo, band_hi, sink_n, sink_lo, sink_hi,
                                 BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)
-        allowed = allowed & n_ok[None, :]
-        b_s = tl.where(allowed, b_s, float("-inf"))
+        allowed = allowed & (offs_n < Lk)[None, :]
+        b_s = tl.where(allowed, b_s * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         # a row with nothing allowed so far keeps m = -inf; subtract 0 there so exp2 gives 0, not NaN
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_sub)
         b_p = tl.math.exp2(b_s - m_sub[:, None])  # [BM, BN]
         l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = acc * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
 
     # ---- full tiles: no mask work (only the key-length edge when Lk is not a multiple of BLOCK_K) ------------
@@ -115,23 +131,17 @@ def sparse_fwd_kernel(
     for it in range(0, n_full * SUB):
         kb = tl.load(FULL_INDEX + row * FW + it // SUB)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
-        offs_n = n_start + tl.arange(0, BLOCK_N)
-        if EVEN_K:
-            b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
-            b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :])
-        else:
-            n_ok = offs_n < Lk
-            b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-            b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION) * scale_log2
+        b_k = _load_tile(desc_k, k_base, n_start, stride_kn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, not EVEN_K)
+        b_v = _load_tile(desc_v, v_base, n_start, stride_vn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, not EVEN_K)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
         if not EVEN_K:
-            b_s = tl.where(n_ok[None, :], b_s, float("-inf"))
-        # a full tile has an allowed key in every row, so m_new is finite
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+            b_s = tl.where((n_start + tl.arange(0, BLOCK_N) < Lk)[None, :], b_s, float("-inf"))
+        # a full tile has an allowed key in every row, so m_new is finite; scale and subtract in one FMA
+        m_new = tl.maximum(m_i, tl.max(b_s, 1) * scale_log2)
         alpha = tl.math.exp2(m_i - m_new)
-        b_p = tl.math.exp2(b_s - m_new[:, None])
+        b_p = tl.math.exp2(b_s * scale_log2 - m_new[:, None])
         l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = acc * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
 
     # ---- one normalisation; empty rows give O = 0 and LSE = -inf -------------------------------------------
