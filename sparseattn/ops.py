@@ -26,6 +26,7 @@ class FwdConfig:
     num_warps: int
     num_stages: int
     tma: Optional[bool] = None  # None: use tensor descriptors (TMA) where the GPU and the strides allow
+    warp_specialize: bool = False  # Triton's automatic producer/consumer warp specialisation of the tile loops
 
 
 def _tma_ok(*tensors) -> bool:
@@ -55,7 +56,7 @@ def _fwd_config(D: int, dtype: torch.dtype, layout: BlockLayout, interpreter: bo
     elif D <= 64:
         bm, bn, warps, stages = 128, 64, 4, 3
     else:
-        bm, bn, warps, stages = 128, 128, 8, 2
+        bm, bn, warps, stages = 128, 128, 8, 3
     return FwdConfig(min(bm, layout.block_q), min(bn, layout.block_k), warps, stages)
 
 
@@ -202,6 +203,7 @@ def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Ten
         HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         USE_BITS=bits is not None, HAS_SINKS=sink_n > 0, HAS_DOC=doc is not None,
         DOC_BATCHED=doc is not None and doc.dim() == 2, EVEN_K=Lk % layout.block_k == 0, USE_TMA=use_tma,
+        WARP_SPEC=cfg.warp_specialize and not interpreter,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

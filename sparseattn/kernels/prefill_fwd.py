@@ -63,7 +63,7 @@ def sparse_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, DOC_BATCHED: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
     # ---- which rows this program owns -----------------------------------------------------------------
     pid = tl.program_id(0)
@@ -103,7 +103,7 @@ def sparse_fwd_kernel(
 
     # ---- partial tiles: token mask inside the tile -------------------------------------------------------
     n_partial = tl.load(KV_COUNT + row)
-    for it in range(0, n_partial * SUB):
+    for it in tl.range(0, n_partial * SUB, warp_specialize=WARP_SPEC):
         slot = it // SUB
         kb = tl.load(KV_INDEX + row * W + slot)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
@@ -128,7 +128,7 @@ def sparse_fwd_kernel(
 
     # ---- full tiles: no mask work (only the key-length edge when Lk is not a multiple of BLOCK_K) ------------
     n_full = tl.load(FULL_COUNT + row)
-    for it in range(0, n_full * SUB):
+    for it in tl.range(0, n_full * SUB, warp_specialize=WARP_SPEC):
         kb = tl.load(FULL_INDEX + row * FW + it // SUB)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
         b_k = _load_tile(desc_k, k_base, n_start, stride_kn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, not EVEN_K)
