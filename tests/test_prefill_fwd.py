@@ -229,3 +229,16 @@ def test_pointer_and_descriptor_paths(name, tma):
     q, k, v = (rand(1, 2, L, 32, dtype=torch.float32) for _ in range(3))
     cfg = FwdConfig(32, 16, 4, 1, tma=tma)  # kernel tiles smaller than the layout's: 2 steps per tile
     run_and_check(layout, q, k, v, _config=cfg)
+
+
+def test_interpreter_works_when_triton_was_imported_first():
+    import subprocess
+    import sys
+    code = ("import os, torch, triton\n"  # triton imported before sparseattn chose the interpreter
+            "import sparseattn as sa\n"
+            "lay = sa.BlockLayout.from_mask_mod(sa.patterns.causal(), 32, 32, 16, 16, device='cpu')\n"
+            "q = torch.randn(1, 1, 32, 16)\n"
+            "err = (sa.sparse_attention(q, q, q, lay).double() - sa.reference_attention(q, q, q, lay.to_dense())).abs().max()\n"
+            "assert err < 1e-5, err\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
