@@ -33,6 +33,7 @@ class TransposedLists(NamedTuple):
     q_index: torch.Tensor
     full_q_count: torch.Tensor
     full_q_index: torch.Tensor
+    q_slot: torch.Tensor  # for each partial entry, its slot in the forward row (where its tile bits live)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -104,6 +105,7 @@ def _transpose_lists(count: torch.Tensor, index: torch.Tensor, n_cols: int, widt
     rows = torch.arange(n_rows, device=device, dtype=torch.int64).view(1, 1, n_rows, 1).expand(B, H, n_rows, W)
     key_sorted, order = torch.sort(key, stable=True)
     rows_sorted = rows.flatten()[order]
+    slots_sorted = order % W  # entries were generated as (bh, row, slot) with slot fastest
     col_count = torch.bincount(key, minlength=n_keys + 1)[:n_keys]  # [BH * n_cols]
     start = torch.cumsum(col_count, 0) - col_count
     if width is None:
@@ -116,7 +118,10 @@ def _transpose_lists(count: torch.Tensor, index: torch.Tensor, n_cols: int, widt
     dest = torch.where(in_range, safe_key * width + pos, torch.full_like(pos, n_keys * width))
     out.scatter_(0, dest, rows_sorted)
     q_index = out[:-1].view(B, H, n_cols, width).to(_INDEX_DTYPE)
-    return col_count.view(B, H, n_cols).to(_INDEX_DTYPE), q_index
+    slot_out = torch.zeros_like(out)
+    slot_out.scatter_(0, dest, slots_sorted)
+    q_slot = slot_out[:-1].view(B, H, n_cols, width).to(_INDEX_DTYPE)
+    return col_count.view(B, H, n_cols).to(_INDEX_DTYPE), q_index, q_slot
 
 
 def _pack_bits(cells: torch.Tensor) -> torch.Tensor:
@@ -475,9 +480,9 @@ class BlockLayout:
     def transpose(self, width: Optional[int] = None) -> TransposedLists:
         """Build the transposed lists on the device (O(nnz), no host loop). ``width`` fixes their capacity
         (no host sync for the maximum); by default it is the longest column."""
-        q_count, q_index = _transpose_lists(self.kv_count, self.kv_index, self.nk, width)
-        full_q_count, full_q_index = _transpose_lists(self.full_count, self.full_index, self.nk, width)
-        return TransposedLists(q_count, q_index, full_q_count, full_q_index)
+        q_count, q_index, q_slot = _transpose_lists(self.kv_count, self.kv_index, self.nk, width)
+        full_q_count, full_q_index, _ = _transpose_lists(self.full_count, self.full_index, self.nk, width)
+        return TransposedLists(q_count, q_index, full_q_count, full_q_index, q_slot)
 
     def _t(self) -> TransposedLists:
         if self._transposed is None:
@@ -536,7 +541,7 @@ class BlockLayout:
         t = self._t()
         fwd_bytes = sum(x.numel() * x.element_size() for x in
                         (self.kv_count, self.kv_index, self.full_count, self.full_index))
-        bwd_bytes = sum(x.numel() * x.element_size() for x in t)
+        bwd_bytes = sum(x.numel() * x.element_size() for x in t[:4])
         bits_bytes = 0 if self.tile_bits is None else self.tile_bits.numel()
         if logical > 0:
             rho = physical / logical

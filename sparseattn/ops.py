@@ -210,33 +210,168 @@ def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Ten
     return o, lse
 
 
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    chunk: Optional[int] = None  # max listed query tiles per dK/dV program; None: from the layout
+
+
+def _bwd_config(D: int, dtype: torch.dtype, layout: BlockLayout, interpreter: bool) -> BwdConfig:
+    if interpreter:
+        return BwdConfig(min(layout.block_q, 64), min(layout.block_k, 64), 4, 1)
+    if dtype == torch.float32:
+        return BwdConfig(min(32, layout.block_q), min(32, layout.block_k), 4, 2)
+    return BwdConfig(min(64, layout.block_q), min(64, layout.block_k), 4 if D <= 64 else 8, 2)
+
+
+def _bwd_work(layout: BlockLayout, block_n: int, chunk: Optional[int]):
+    """The dK/dV launch plan, cached per layout: one work item per (key sub-tile, chunk of its column).
+
+    A column is cut into chunks of at most ``chunk`` listed query tiles so that a column every row visits
+    (a sink) does not become the tail of the launch. Items are ordered longest first. Items of split columns
+    get a workspace slot; their partial dK/dV are summed in a fixed order afterwards (deterministic)."""
+    t = layout._t()
+    totals = (t.q_count + t.full_q_count).amax(dim=(0, 1)).long()  # [nk]: the longest over the layout's B, H
+    if chunk is None:
+        nonempty = totals[totals > 0]
+        mean = float(nonempty.float().mean()) if nonempty.numel() else 1.0
+        chunk = max(8, int(2 * mean + 0.999))
+    key = ("bwd_work", block_n, chunk)
+    cache = _cache(layout)
+    if key in cache:
+        return cache[key]
+    sub = layout.block_k // block_n
+    n_sub = math.ceil(layout.kv_len / block_n)
+    per_col = torch.clamp((totals + chunk - 1) // chunk, min=1)  # chunks per layout column
+    per_sub = per_col.repeat_interleave(sub)[:n_sub]  # [n_sub]
+    item_sub = torch.repeat_interleave(torch.arange(n_sub, device=layout.device), per_sub)
+    starts = torch.cumsum(per_sub, 0) - per_sub
+    item_c = torch.arange(item_sub.numel(), device=layout.device) - starts[item_sub]
+    split = per_sub[item_sub] > 1
+    ws_slot = torch.where(split, torch.cumsum(split.long(), 0) - 1, torch.full_like(item_sub, -1))
+    work_len = torch.clamp(totals.repeat_interleave(sub)[:n_sub][item_sub] - item_c * chunk, min=0, max=chunk)
+    order = torch.argsort(work_len, descending=True, stable=True)
+    work = torch.stack([item_sub, item_c, ws_slot], 1)[order].to(torch.int32).contiguous()
+    n_ws = int(split.sum())
+    # reduction plan: for each split sub-tile, its workspace slots (padded with the zero slot n_ws)
+    split_subs = torch.nonzero(per_sub > 1).flatten()
+    cmax = int(per_sub.max()) if n_sub else 1
+    slots = torch.full((split_subs.numel(), cmax), n_ws, dtype=torch.long, device=layout.device)
+    if split_subs.numel():
+        first = ws_slot[starts[split_subs]]  # slots of one sub-tile are consecutive
+        ar = torch.arange(cmax, device=layout.device)
+        valid = ar[None, :] < per_sub[split_subs][:, None]
+        slots = torch.where(valid, first[:, None] + ar[None, :], slots)
+    cache[key] = (work, n_ws, split_subs, slots, chunk)
+    return cache[key]
+
+
+def _backward(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deterministic: bool,
+              config: Optional[BwdConfig] = None):
+    kernels = _runtime.load_kernels("prefill_bwd")
+    interpreter = _runtime.select_backend() == "interpreter"
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    q, k, v, do = (_last_dim_contiguous(t) for t in (q, k, v, do))
+    cfg = config or _bwd_config(D, q.dtype, layout, interpreter)
+    delta = (do.float() * o.float()).sum(-1).contiguous()  # [B, Hq, Lq]: rowsum(dO * O)
+    pred, bits = _mask_path(layout)
+    doc = _doc_table(pred, layout, B)
+    band = pred.band if pred is not None else (0, -1)
+    sink_n = pred.sink_n if pred is not None and pred.has_sinks else 0
+    sink_band = pred.sink_band if sink_n else (0, -1)
+    group = Hq // Hkv
+    lh_div = 1 if layout.H == Hq else group
+    mask_args = (band[0], band[1], sink_n, sink_band[0], sink_band[1])
+    flags = dict(USE_BITS=bits is not None, HAS_SINKS=sink_n > 0, HAS_DOC=doc is not None,
+                 DOC_BATCHED=doc is not None and doc.dim() == 2,
+                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    dummy = layout.kv_count
+    bits_t = bits if bits is not None else dummy
+    doc_t = doc if doc is not None else dummy
+    doc_stride = doc.stride(0) if doc is not None and doc.dim() == 2 else 0
+    t = layout._t()
+    work, n_ws, split_subs, slots, chunk = _bwd_work(layout, cfg.block_n, cfg.chunk)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    ws_k = torch.empty(B * Hkv, max(n_ws, 1), cfg.block_n, D, device=q.device, dtype=torch.float32)
+    ws_v = torch.empty_like(ws_k)
+    dq_acc = torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32) if not deterministic else q
+    scale_log2 = scale * LOG2E
+    kernels.dkdv_kernel[(work.shape[0], B * Hkv)](
+        q, k, v, do, lse, delta, dk, dv, dq_acc, ws_k, ws_v,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
+        t.q_count, t.q_index, t.q_slot, t.full_q_count, t.full_q_index, work, bits_t, doc_t, doc_stride,
+        Hq, Hkv, group, layout.B, layout.H, lh_div, layout.nk, t.q_index.shape[-1], t.full_q_index.shape[-1],
+        layout.nq, layout.width, Lq, Lk, layout.q_offset, scale, scale_log2, chunk, max(n_ws, 1), *mask_args,
+        HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        ATOMIC_DQ=not deterministic, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split_subs.numel():  # fixed-order sum of the chunks of split columns
+        rows = (split_subs[:, None] * cfg.block_n + torch.arange(cfg.block_n, device=q.device)[None, :]).flatten()
+        keep = rows < Lk
+        for ws, out in ((ws_k, dk), (ws_v, dv)):
+            padded = torch.cat([ws, ws.new_zeros(B * Hkv, 1, cfg.block_n, D)], 1)  # slot n_ws reads zeros
+            summed = padded[:, slots].sum(dim=2)  # [B*Hkv, n_split, BN, D], fixed order
+            summed = summed.view(B, Hkv, -1, D)[:, :, keep]
+            out[:, :, rows[keep]] = summed.to(out.dtype)
+    if deterministic:
+        dq = torch.empty_like(q)
+        kernels.dq_kernel[(math.ceil(Lq / cfg.block_m), B * Hq)](
+            q, k, v, do, lse, delta, dq,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            layout.kv_count, layout.kv_index, layout.full_count, layout.full_index, bits_t, doc_t, doc_stride,
+            Hq, group, layout.B, layout.H, lh_div, layout.nq, layout.width, layout.full_width,
+            Lq, Lk, layout.q_offset, scale, scale_log2, *mask_args,
+            HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    else:
+        dq = (dq_acc * scale).to(q.dtype)
+    return dq, dk, dv
+
+
 class _SparseAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, layout, scale, out, config):
+    def forward(ctx, q, k, v, layout, scale, out, config, deterministic, bwd_config):
         o, lse = _forward(q, k, v, layout, scale, out, config)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.layout, ctx.scale, ctx.deterministic, ctx.bwd_config = layout, scale, deterministic, bwd_config
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        raise NotImplementedError("sparse_attention has no backward pass yet: gradients through it are not "
-                                  "available in this version (use reference_attention for training checks)")
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.layout, ctx.scale, ctx.deterministic, ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
                      scale: Optional[float] = None, return_lse: bool = False, deterministic: bool = True,
-                     out: Optional[torch.Tensor] = None, *, _config: Optional[FwdConfig] = None):
+                     out: Optional[torch.Tensor] = None, *, _config: Optional[FwdConfig] = None,
+                     _bwd_config: Optional[BwdConfig] = None):
     """Block-sparse attention over the tiles ``layout`` lists.
 
     q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` (``Hq % Hkv == 0``), fp16/bf16/fp32, D in
     ``SUPPORTED_HEAD_DIMS``. Returns ``o`` (q's dtype) and, with ``return_lse``, the natural-log LSE
     ``[B, Hq, Lq]`` float32. Rows with no allowed key give 0 and ``-inf``. ``out`` receives ``o`` when given.
+
+    Differentiable in q, k, v. ``deterministic=True`` (default) computes dK/dV by walking the transposed
+    table and dQ in a separate pass (7 tile matmuls, bitwise-reproducible); ``False`` adds dQ with atomics
+    inside the dK/dV pass (5 tile matmuls, run-to-run rounding differences).
     """
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     *_, scale = _check_inputs(q, k, v, layout, scale, out)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        o, lse = _SparseAttention.apply(q, k, v, layout, scale, out, _config)
+        o, lse = _SparseAttention.apply(q, k, v, layout, scale, out, _config, deterministic, _bwd_config)
     else:
         o, lse = _forward(q, k, v, layout, scale, out, _config)
     return (o, lse) if return_lse else o

@@ -177,16 +177,6 @@ def test_nan_in_unlisted_tiles_is_never_read():
     assert listed_cols.any()
 
 
-def test_backward_raises_clearly():
-    L = 32
-    layout = BlockLayout.from_mask_mod(P.causal(), L, L, 16, 16, device="cpu")
-    q = rand(1, 1, L, 16, dtype=torch.float32).requires_grad_()
-    k, v = rand(1, 1, L, 16, dtype=torch.float32), rand(1, 1, L, 16, dtype=torch.float32)
-    o = sa.sparse_attention(q, k, v, layout)
-    with pytest.raises(NotImplementedError, match="backward"):
-        o.sum().backward()
-
-
 # ---- bad input ---------------------------------------------------------------------------------------------
 def _ok():
     layout = BlockLayout.from_mask_mod(P.causal(), 32, 32, 16, 16, device="cpu")

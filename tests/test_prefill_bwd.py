@@ -1,0 +1,101 @@
+"""Backward kernels vs autograd through the fp64 reference on the layout's dense mask (Triton interpreter)."""
+import pytest
+import torch
+
+import sparseattn as sa
+from sparseattn import BlockLayout, patterns as P
+from sparseattn.ops import BwdConfig
+from test_prefill_fwd import PATTERNS
+
+TOL = {torch.float32: dict(atol=5e-5, rtol=5e-5), torch.float16: dict(atol=1e-2, rtol=1e-2)}
+
+
+def check_grads(layout, q, k, v, deterministic=True, bwd_config=None, scale=None):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = sa.sparse_attention(q, k, v, layout, deterministic=deterministic, _bwd_config=bwd_config, scale=scale)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = sa.reference_attention(qd, kd, vd, layout.to_dense(), scale=scale)
+    ref_grads = torch.autograd.grad(ref, (qd, kd, vd), do.double())
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert not torch.isnan(g).any(), f"{name} has NaN"
+        scale_ = max(1.0, r.abs().max().item())
+        torch.testing.assert_close(g.double() / scale_, r / scale_, **TOL[q.dtype], msg=lambda m: f"{name}: {m}")
+    return grads
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_every_pattern_fp32(name, deterministic):
+    L = 150
+    layout = BlockLayout.from_mask_mod(PATTERNS[name], L, L, 32, 32, device="cpu")
+    check_grads(layout, rand(1, 2, L, 32), rand(1, 2, L, 32), rand(1, 2, L, 32), deterministic)
+
+
+@pytest.mark.parametrize("name", ["sinks+window", "dilated", "document"])
+def test_fp16(name):
+    L = 100
+    layout = BlockLayout.from_mask_mod(PATTERNS[name], L, L, 32, 32, device="cpu")
+    check_grads(layout, *(rand(1, 2, L, 32, dtype=torch.float16) for _ in range(3)))
+
+
+@pytest.mark.parametrize("layout_heads", [1, 2, 4])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_gqa_grads_sum_over_the_group(layout_heads, deterministic):
+    Hq, Hkv, L = 4, 2, 96
+    mm = lambda b, h, q, k: (k <= q) & ((q - k) < 16 + 24 * h)  # noqa: E731
+    layout = BlockLayout.from_mask_mod(mm, L, L, 32, 32, H=layout_heads, device="cpu")
+    check_grads(layout, rand(1, Hq, L, 32), rand(1, Hkv, L, 32), rand(1, Hkv, L, 32), deterministic)
+
+
+@pytest.mark.parametrize("Lq,Lk", [(40, 150), (100, 129), (1, 70)])
+def test_fewer_queries_than_keys(Lq, Lk):
+    layout = BlockLayout.from_mask_mod(PATTERNS["sinks+window"], Lq, Lk, 16, 32, device="cpu")
+    check_grads(layout, rand(1, 2, Lq, 32), rand(1, 2, Lk, 32), rand(1, 2, Lk, 32))
+
+
+@pytest.mark.parametrize("L", [31, 33, 64, 5])
+def test_boundary_lengths(L):
+    layout = BlockLayout.from_mask_mod(P.causal(), L, L, 32, 32, device="cpu")
+    check_grads(layout, *(rand(1, 1, L, 16) for _ in range(3)))
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_empty_rows_and_never_attended_keys_get_zero_grads(deterministic):
+    L = 64
+    mm = lambda b, h, q, k: (k <= q) & (q % 3 != 0) & (k % 5 != 0)  # noqa: E731
+    layout = BlockLayout.from_mask_mod(mm, L, L, 16, 16, device="cpu")
+    dq, dk, dv = check_grads(layout, *(rand(1, 1, L, 16) for _ in range(3)), deterministic=deterministic)
+    rows = torch.arange(L)
+    assert (dq[0, 0, rows % 3 == 0] == 0).all()
+    assert (dk[0, 0, rows % 5 == 0] == 0).all() and (dv[0, 0, rows % 5 == 0] == 0).all()
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_split_sink_columns(chunk, deterministic):
+    """Sink columns visited by every query tile are cut into chunks and reduced in a fixed order."""
+    L = 160
+    layout = BlockLayout.from_mask_mod(PATTERNS["sinks+window"], L, L, 32, 32, device="cpu")
+    cfg = BwdConfig(32, 16, 4, 1, chunk=chunk)  # 2 key sub-tiles per layout tile, 1..3 query tiles per chunk
+    check_grads(layout, *(rand(1, 2, L, 32) for _ in range(3)), deterministic=deterministic, bwd_config=cfg)
+
+
+def test_random_dense_layouts_and_custom_scale():
+    g = torch.Generator().manual_seed(5)
+    dense = torch.rand(2, 2, 70, 90, generator=g) < 0.2
+    dense[:, :, :, :16] |= torch.rand(2, 2, 70, 1, generator=g) < 0.5
+    layout = BlockLayout.from_dense(dense, 16, 32)
+    check_grads(layout, rand(2, 2, 70, 32), rand(2, 2, 90, 32), rand(2, 2, 90, 32), scale=0.7)
+
+
+def test_batched_documents():
+    docs = torch.stack([torch.arange(100) // 30, torch.arange(100) // 45])
+    layout = BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.document(docs)), 100, 100, 32, 32, B=2,
+                                       device="cpu")
+    check_grads(layout, *(rand(2, 2, 100, 32) for _ in range(3)))
