@@ -3,7 +3,8 @@
 Each suite fits in one 10-minute GPU run, measures our kernels and the strongest baselines on the same
 work in the same process, prints a short table last and writes ``<suite>-<gpu>.json`` into ``--out``
 (default ``book/data/bench/``). Suites: ``prefill`` (forward kernel vs FlexAttention, cuDNN, FA2, naive),
-``layout`` (building the block table vs FlexAttention's ``create_block_mask``).
+``backward`` (deterministic and atomic backward vs FlexAttention, cuDNN, FA2; determinism; column
+splitting), ``layout`` (building the block table vs FlexAttention's ``create_block_mask``).
 """
 from __future__ import annotations
 
@@ -294,7 +295,92 @@ def suite_layout(args) -> tuple:
     return results, table, cols
 
 
-SUITES = {"prefill": suite_prefill, "layout": suite_layout}
+def _grad_fn(fwd, inputs, do):
+    """Time the backward alone: one forward kept alive, gradients recomputed from it every call."""
+    out = fwd()
+    return lambda: torch.autograd.grad(out, inputs, do, retain_graph=True)
+
+
+def suite_backward(args) -> tuple:
+    from .ops import BwdConfig, sparse_attention
+    B, H, D, dtype = 1, args.heads, args.head_dim, torch.bfloat16
+    results, table = [], []
+    Ns = [int(x) for x in args.n.split(",")]
+    patterns = args.patterns.split(",") if args.patterns else PREFILL_PATTERNS
+    for N in Ns:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        do = torch.randn(B, H, N, D, device="cuda", dtype=dtype)
+        base = dict(N=N, B=B, H=H, D=D, dtype="bf16")
+        dense_bwd = {}
+        for impl in ("cudnn", "fa2"):
+            for causal in (False, True):
+                pat = "causal" if causal else "dense"
+                try:
+                    fwd = _sdpa_fn(q, k, v, impl, causal)
+                    ms_b = time_gpu(_grad_fn(fwd, (q, k, v), do))
+                    ms_fb = time_gpu(lambda: torch.autograd.grad(fwd(), (q, k, v), do))
+                except RuntimeError as e:
+                    print(f"# {impl} causal={causal}: {e}", file=sys.stderr)
+                    continue
+                dense_bwd[(impl, pat)] = ms_b
+                results.append({"case": {**base, "pattern": pat}, "impl": impl, "pass": "bwd", "ms": ms_b})
+                results.append({"case": {**base, "pattern": pat}, "impl": impl, "pass": "fwd+bwd", "ms": ms_fb})
+        for pattern in patterns:
+            layout = prefill_layout(pattern, N)
+            st = layout.stats()
+            flops = _tile_flops(layout, H, D) * 2.5  # backward: 5 tile matmuls of the forward's 2
+            case = {**base, "pattern": pattern, "block": 128, "tiles": st["listed_tiles"],
+                    "logical_density": st["logical_density"], "max_col_tiles": st["max_col_tiles"]}
+            row = {"pattern": pattern, "N": N}
+            grads = {}
+            variants = [("sparseattn", dict(deterministic=True)), ("sparseattn-atomic", dict(deterministic=False))]
+            if pattern.startswith("sinks"):
+                variants.append(("sparseattn-nosplit", dict(deterministic=True,
+                                                            _bwd_config=BwdConfig(64, 64, 8, 2, chunk=1 << 30))))
+            for impl, kw in variants:
+                fwd = lambda kw=kw: sparse_attention(q, k, v, layout, **kw)  # noqa: E731
+                ms_b = time_gpu(_grad_fn(fwd, (q, k, v), do))
+                ms_fb = time_gpu(lambda: torch.autograd.grad(fwd(), (q, k, v), do))
+                g = torch.autograd.grad(fwd(), (q, k, v), do)
+                grads[impl] = g
+                extra = {}
+                if impl != "sparseattn-nosplit":
+                    reps = [torch.autograd.grad(fwd(), (q, k, v), do) for _ in range(4)]
+                    spread = max(float((r[0].float() - g[0].float()).abs().max()) for r in reps)
+                    extra = {"bitwise_repeatable": all(all(torch.equal(a, b) for a, b in zip(r, g)) for r in reps),
+                             "dq_run_to_run_max_abs": spread}
+                results.append({"case": case, "impl": impl, "pass": "bwd", "ms": ms_b,
+                                "tile_tflops": flops / ms_b / 1e9, **extra})
+                results.append({"case": case, "impl": impl, "pass": "fwd+bwd", "ms": ms_fb})
+                key = {"sparseattn": "det", "sparseattn-atomic": "atomic", "sparseattn-nosplit": "nosplit"}[impl]
+                row[f"{key}_bwd_ms"] = round(ms_b, 3)
+                if extra:
+                    row[f"{key}_repeatable"] = extra["bitwise_repeatable"]
+            if not args.no_flex:
+                bm = layout.to_flex()
+                flex = _flex_fn(q, k, v, bm)
+                ms_b = time_gpu(_grad_fn(flex, (q, k, v), do))
+                ms_fb = time_gpu(lambda: torch.autograd.grad(flex(), (q, k, v), do))
+                gf = torch.autograd.grad(flex(), (q, k, v), do)
+                err = max(_rel_err(a, b) for a, b in zip(grads["sparseattn"], gf))
+                results.append({"case": case, "impl": "flex", "pass": "bwd", "ms": ms_b,
+                                "rel_err_ours_vs_flex": err})
+                results.append({"case": case, "impl": "flex", "pass": "fwd+bwd", "ms": ms_fb})
+                row.update({"flex_bwd_ms": round(ms_b, 3), "flex/det": round(ms_b / row["det_bwd_ms"], 2),
+                            "err_vs_flex": f"{err:.1e}"})
+            same = dense_bwd.get(("cudnn", "causal" if pattern == "causal" else "dense"))
+            if same:
+                row["cudnn_bwd_ms"] = round(same, 3)
+            table.append(row)
+        del q, k, v, do
+        torch.cuda.empty_cache()
+    cols = ["pattern", "N", "det_bwd_ms", "atomic_bwd_ms", "nosplit_bwd_ms", "flex_bwd_ms", "flex/det", "cudnn_bwd_ms",
+            "det_repeatable", "atomic_repeatable", "err_vs_flex"]
+    return results, table, cols
+
+
+SUITES = {"prefill": suite_prefill, "layout": suite_layout, "backward": suite_backward}
 
 
 def main(argv=None) -> int:
@@ -314,7 +400,8 @@ def main(argv=None) -> int:
         print("the benchmarks need a CUDA GPU", file=sys.stderr)
         return 2
     if args.n is None:
-        args.n = {"prefill": "4096,8192,16384,32768,65536", "layout": "32768,131072"}[args.suite]
+        args.n = {"prefill": "4096,8192,16384,32768,65536", "layout": "32768,131072",
+                  "backward": "8192,32768"}[args.suite]
     results, table, cols = SUITES[args.suite](args)
     path = write_json(args.suite, results, args.out)
     print(f"\nwrote {path}")
