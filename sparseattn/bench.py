@@ -337,7 +337,7 @@ def suite_backward(args) -> tuple:
             variants = [("sparseattn", dict(deterministic=True)), ("sparseattn-atomic", dict(deterministic=False))]
             if pattern.startswith("sinks"):
                 variants.append(("sparseattn-nosplit", dict(deterministic=True,
-                                                            _bwd_config=BwdConfig(64, 64, 8, 2, chunk=1 << 30))))
+                                                            _bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=1 << 30))))
             for impl, kw in variants:
                 fwd = lambda kw=kw: sparse_attention(q, k, v, layout, **kw)  # noqa: E731
                 ms_b = time_gpu(_grad_fn(fwd, (q, k, v), do))
@@ -373,6 +373,19 @@ def suite_backward(args) -> tuple:
             if same:
                 row["cudnn_bwd_ms"] = round(same, 3)
             table.append(row)
+            if args.sweep and N == max(Ns) and pattern in ("causal", "window1024"):
+                for cfg in [BwdConfig(*c) for c in ((32, 128, 128, 32, 4, 3), (32, 128, 128, 32, 8, 3),
+                                                    (64, 128, 128, 64, 8, 2), (64, 64, 64, 64, 4, 3),
+                                                    (32, 64, 64, 32, 4, 3))]:
+                    fwd = lambda cfg=cfg: sparse_attention(q, k, v, layout, _bwd_config=cfg)  # noqa: E731
+                    try:
+                        ms = time_gpu(_grad_fn(fwd, (q, k, v), do))
+                    except Exception as e:
+                        print(f"# bwd config {cfg} failed: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+                        continue
+                    results.append({"case": case, "impl": "sparseattn", "pass": "bwd", "ms": ms, "sweep": True,
+                                    "config": cfg.__dict__})
+                    print(f"# bwd sweep {pattern} N={N} {cfg}: {ms:.3f} ms", file=sys.stderr)
         del q, k, v, do
         torch.cuda.empty_cache()
     cols = ["pattern", "N", "det_bwd_ms", "atomic_bwd_ms", "nosplit_bwd_ms", "flex_bwd_ms", "flex/det", "cudnn_bwd_ms",

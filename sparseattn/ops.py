@@ -188,7 +188,7 @@ def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Ten
         desc_v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.block_n, D])
     else:
         desc_q = desc_k = desc_v = q
-    kernels.sparse_fwd_kernel[grid](
+    _launch(kernels.sparse_fwd_kernel, grid,
         q, k, v, o, lse, desc_q, desc_k, desc_v,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -212,19 +212,37 @@ def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Ten
 
 @dataclass(frozen=True)
 class BwdConfig:
-    block_m: int
-    block_n: int
+    block_m: int  # dK/dV pass: queries per step
+    block_n: int  # dK/dV pass: keys per program
+    dq_block_m: int  # dQ pass: queries per program
+    dq_block_n: int  # dQ pass: keys per step
     num_warps: int
     num_stages: int
     chunk: Optional[int] = None  # max listed query tiles per dK/dV program; None: from the layout
 
 
 def _bwd_config(D: int, dtype: torch.dtype, layout: BlockLayout, interpreter: bool) -> BwdConfig:
+    """Like Triton's fused-attention tutorial: the dK/dV pass keeps a tall key tile resident and streams
+    thin query tiles past it; the dQ pass does the opposite."""
+    bq, bk = layout.block_q, layout.block_k
     if interpreter:
-        return BwdConfig(min(layout.block_q, 64), min(layout.block_k, 64), 4, 1)
+        return BwdConfig(min(bq, 64), min(bk, 64), min(bq, 64), min(bk, 64), 4, 1)
     if dtype == torch.float32:
-        return BwdConfig(min(32, layout.block_q), min(32, layout.block_k), 4, 2)
-    return BwdConfig(min(64, layout.block_q), min(64, layout.block_k), 4 if D <= 64 else 8, 2)
+        return BwdConfig(min(32, bq), min(32, bk), min(32, bq), min(32, bk), 4, 2)
+    return BwdConfig(min(32, bq), min(128, bk), min(128, bq), min(32, bk), 4, 3)
+
+
+def _launch(kernel, grid, *args, num_stages: int, **kwargs):
+    """Launch; if the tile config needs more shared memory than the GPU has (the bit-mask path adds a
+    buffer), retry with fewer pipeline stages."""
+    import triton
+    while True:
+        try:
+            return kernel[grid](*args, num_stages=num_stages, **kwargs)
+        except triton.runtime.errors.OutOfResources:
+            if num_stages <= 1:
+                raise
+            num_stages -= 1
 
 
 def _bwd_work(layout: BlockLayout, block_n: int, chunk: Optional[int]):
@@ -301,7 +319,7 @@ def _backward(do, q, k, v, o, lse, layout: BlockLayout, scale: float, determinis
     ws_v = torch.empty_like(ws_k)
     dq_acc = torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32) if not deterministic else q
     scale_log2 = scale * LOG2E
-    kernels.dkdv_kernel[(work.shape[0], B * Hkv)](
+    _launch(kernels.dkdv_kernel, (work.shape[0], B * Hkv),
         q, k, v, do, lse, delta, dk, dv, dq_acc, ws_k, ws_v,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
@@ -322,7 +340,7 @@ def _backward(do, q, k, v, o, lse, layout: BlockLayout, scale: float, determinis
             out[:, :, rows[keep]] = summed.to(out.dtype)
     if deterministic:
         dq = torch.empty_like(q)
-        kernels.dq_kernel[(math.ceil(Lq / cfg.block_m), B * Hq)](
+        _launch(kernels.dq_kernel, (math.ceil(Lq / cfg.dq_block_m), B * Hq),
             q, k, v, do, lse, delta, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
@@ -330,8 +348,8 @@ def _backward(do, q, k, v, o, lse, layout: BlockLayout, scale: float, determinis
             layout.kv_count, layout.kv_index, layout.full_count, layout.full_index, bits_t, doc_t, doc_stride,
             Hq, group, layout.B, layout.H, lh_div, layout.nq, layout.width, layout.full_width,
             Lq, Lk, layout.q_offset, scale, scale_log2, *mask_args,
-            HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.dq_block_m,
+            BLOCK_N=cfg.dq_block_n, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     else:
         dq = (dq_acc * scale).to(q.dtype)
     return dq, dk, dv

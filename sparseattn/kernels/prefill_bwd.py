@@ -58,10 +58,10 @@ def _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_b
     b_pt = tl.math.exp2(b_st * scale_log2 - b_lse[None, :])
     if MASKED:
         b_pt = tl.where(allowed, b_pt, 0.0)
-    b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=DOT_PRECISION)  # [BN, D]
+    b_dv = tl.dot(b_pt.to(b_do.dtype), b_do, b_dv, input_precision=DOT_PRECISION)  # [BN, D]
     b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION)  # [BN, BM]
     b_dst = b_pt * (b_dpt - b_delta[None, :])  # [BN, BM]
-    b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=DOT_PRECISION)  # [BN, D]
+    b_dk = tl.dot(b_dst.to(b_q.dtype), b_q, b_dk, input_precision=DOT_PRECISION)  # [BN, D]
     if ATOMIC_DQ:
         b_dq = tl.dot(tl.trans(b_dst.to(b_k.dtype)), b_k, input_precision=DOT_PRECISION)  # [BM, D]
         tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], b_dq, mask=m_ok[:, None],
@@ -240,7 +240,7 @@ def dq_kernel(
         b_p = tl.where(allowed, tl.math.exp2(b_s * scale_log2 - b_lse[:, None]), 0.0)
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION)  # [BM, BN]
         b_ds = b_p * (b_dp - b_delta[:, None])
-        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PRECISION)  # [BM, D]
+        b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq, input_precision=DOT_PRECISION)  # [BM, D]
 
     n_full = tl.load(FULL_COUNT + row)
     for it in range(0, n_full * SUB):
@@ -255,7 +255,7 @@ def dq_kernel(
         b_p = tl.where(n_ok[None, :], b_p, 0.0)
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION)
         b_ds = b_p * (b_dp - b_delta[:, None])
-        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PRECISION)
+        b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq, input_precision=DOT_PRECISION)
 
     dq_base = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
     tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty),

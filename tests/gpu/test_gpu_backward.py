@@ -63,7 +63,7 @@ def test_split_and_unsplit_columns_agree():
     L = 8192
     layout = BlockLayout.from_mask_mod(PATS["sinks+window"], L, L, device="cuda")
     q, k, v, do = (torch.randn(1, 4, L, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    split = _grads(layout, q, k, v, do, _bwd_config=BwdConfig(64, 64, 8, 2, chunk=4))
-    whole = _grads(layout, q, k, v, do, _bwd_config=BwdConfig(64, 64, 8, 2, chunk=1 << 30))
+    split = _grads(layout, q, k, v, do, _bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=4))
+    whole = _grads(layout, q, k, v, do, _bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=1 << 30))
     for a, b in zip(split, whole):
         assert _rel(a.float(), b.double()) < 1e-2
