@@ -337,7 +337,7 @@ def suite_backward(args) -> tuple:
             variants = [("sparseattn", dict(deterministic=True)), ("sparseattn-atomic", dict(deterministic=False))]
             if pattern.startswith("sinks"):
                 variants.append(("sparseattn-nosplit", dict(deterministic=True,
-                                                            _bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=1 << 30))))
+                                                            _bwd_config=BwdConfig(64, 128, 128, 64, 8, 2, chunk=1 << 30))))
             for impl, kw in variants:
                 fwd = lambda kw=kw: sparse_attention(q, k, v, layout, **kw)  # noqa: E731
                 ms_b = time_gpu(_grad_fn(fwd, (q, k, v), do))

@@ -229,7 +229,7 @@ def _bwd_config(D: int, dtype: torch.dtype, layout: BlockLayout, interpreter: bo
         return BwdConfig(min(bq, 64), min(bk, 64), min(bq, 64), min(bk, 64), 4, 1)
     if dtype == torch.float32:
         return BwdConfig(min(32, bq), min(32, bk), min(32, bq), min(32, bk), 4, 2)
-    return BwdConfig(min(32, bq), min(128, bk), min(128, bq), min(32, bk), 4, 3)
+    return BwdConfig(min(64, bq), min(128, bk), min(128, bq), min(64, bk), 8, 2)  # best of the H200 sweep
 
 
 def _launch(kernel, grid, *args, num_stages: int, **kwargs):
