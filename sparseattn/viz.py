@@ -311,3 +311,136 @@ def prefill_speedup_figure(doc: dict) -> go.Figure:
                       xaxis_title="logical density (allowed cells / all cells)", yaxis_title="time(baseline) / time(ours)",
                       xaxis_type="log", yaxis_type="log", height=440, title_font_size=12)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chapter 4: index formats and traversal direction
+# ---------------------------------------------------------------------------------------------------------
+def table_heatmaps(layout: BlockLayout, title: str = "") -> go.Figure:
+    """Forward rows (which key tiles each query tile visits) next to the transposed columns (which query
+    tiles visit each key tile), drawn as ``rank within the list`` so the traversal order shows."""
+    import numpy as np
+    nq, nk = layout.nq, layout.nk
+    fwd = np.full((nq, nk), np.nan)
+    for count, index, off in ((layout.kv_count, layout.kv_index, 0), (layout.full_count, layout.full_index, 0.5)):
+        for i in range(nq):
+            for r, j in enumerate(index[0, 0, i, : int(count[0, 0, i])].tolist()):
+                fwd[i, j] = r + off
+    bwd = np.full((nq, nk), np.nan)
+    for count, index, off in ((layout.q_count, layout.q_index, 0), (layout.full_q_count, layout.full_q_index, 0.5)):
+        for j in range(nk):
+            for r, i in enumerate(index[0, 0, j, : int(count[0, 0, j])].tolist()):
+                bwd[i, j] = r + off
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward: row i lists key tiles (dQ, O)",
+                                                         "transposed: column j lists query tiles (dK, dV)"))
+    fig.add_trace(go.Heatmap(z=fwd.tolist(), colorscale="Blues", showscale=False, xgap=1, ygap=1,
+                             hovertemplate="q tile %{y}, kv tile %{x}: position %{z}<extra></extra>"), 1, 1)
+    fig.add_trace(go.Heatmap(z=bwd.tolist(), colorscale="Oranges", showscale=False, xgap=1, ygap=1,
+                             hovertemplate="q tile %{y}, kv tile %{x}: position %{z}<extra></extra>"), 1, 2)
+    for c in (1, 2):
+        fig.update_yaxes(autorange="reversed", title_text="query tile", row=1, col=c)
+        fig.update_xaxes(title_text="key tile", row=1, col=c)
+    fig.update_layout(title=title or "The same tiles, listed by rows and by columns (shade = position in the list; "
+                      "full tiles +0.5)", height=430, title_font_size=12)
+    return fig
+
+
+def index_bytes_figure(Ns=(4096, 8192, 16384, 32768, 65536, 131072), H: int = 16, D: int = 128) -> go.Figure:
+    """Bytes of the block tables (forward + transposed) against the bytes of K and V they index (bf16)."""
+    from . import patterns as P
+    pats = {"window 1024": P.sliding_window(1024),
+            "sinks 64 + window 1024": P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024))),
+            "causal": P.causal()}
+    fig = go.Figure()
+    for name, mm in pats.items():
+        ratios = []
+        for N in Ns:
+            st = BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cpu").stats()
+            kv_bytes = 2 * N * H * D * 2  # K and V, bf16, one layout shared by H heads
+            ratios.append((st["index_bytes"] + st["transposed_index_bytes"]) / kv_bytes)
+        fig.add_trace(go.Scatter(x=list(Ns), y=ratios, mode="lines+markers", name=name))
+    fig.update_layout(title=f"Index bytes / K+V bytes (block 128, H={H}, D={D}, bf16, one table shared by the heads)",
+                      xaxis_title="N", yaxis_title="ratio", xaxis_type="log", yaxis_type="log", height=400,
+                      title_font_size=12)
+    return fig
+
+
+def transpose_cost_figure(Ns=(2048, 4096, 8192, 16384, 32768), block: int = 64, repeat: int = 5) -> go.Figure:
+    """Time of the on-device transpose (here: on this machine's device) against the number of listed tiles."""
+    import time
+    from . import patterns as P
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    fig = go.Figure()
+    for name, mm in (("window 1024", P.sliding_window(1024)), ("causal", P.causal())):
+        xs, ys = [], []
+        for N in Ns:
+            lay = BlockLayout.from_mask_mod(mm, N, N, block, block, device=dev)
+            best = float("inf")
+            for _ in range(repeat):
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                lay.transpose(width=lay.nq)
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            xs.append(int(lay.kv_count.sum() + lay.full_count.sum()))
+            ys.append(best * 1e3)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name))
+    fig.update_layout(title=f"Transpose time vs listed tiles, block {block}, measured live on {dev} (best of {repeat})",
+                      xaxis_title="listed tiles (nnz)", yaxis_title="ms", xaxis_type="log", yaxis_type="log",
+                      height=400, title_font_size=12)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chapter 6: backward, traversal direction and determinism
+# ---------------------------------------------------------------------------------------------------------
+def column_work_figure(N: int = 32768, chunk: Optional[int] = None) -> go.Figure:
+    """Work per dK/dV program (listed query tiles) for sinks + window, without and with column splitting."""
+    from . import patterns as P
+    from .ops import _bwd_work
+    mm = P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024)))
+    lay = BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cpu")
+    totals = (lay.q_count + lay.full_q_count)[0, 0].long()
+    work, _, _, _, used_chunk = _bwd_work(lay, 128, chunk)
+    per_item = torch.clamp(totals[work[:, 0].long()] - work[:, 1].long() * used_chunk, min=0, max=used_chunk)
+    fig = go.Figure()
+    fig.add_trace(go.Histogram(x=totals.tolist(), name="one program per key tile", opacity=0.7, nbinsx=60))
+    fig.add_trace(go.Histogram(x=per_item.tolist(), name=f"split into chunks of <= {used_chunk}", opacity=0.7,
+                               nbinsx=60))
+    fig.update_layout(barmode="overlay", yaxis_type="log", height=400, title_font_size=12,
+                      title=(f"dK/dV work per program, sinks 64 + window 1024, N={N}: the sink column lists "
+                             f"{int(totals.max())} query tiles, the median {int(totals.median())}"),
+                      xaxis_title="query tiles walked by one program", yaxis_title="programs")
+    return fig
+
+
+def backward_figure(bwd: dict, fwd: dict) -> go.Figure:
+    """Forward and backward times per pattern at N = 32k: ours (deterministic, atomic), FlexAttention, cuDNN."""
+    N = 32768
+    pats = ["causal", "window1024", "sinks64+window1024", "random10%+diag"]
+
+    def ms(doc, pattern, impl, pass_):
+        for r in doc["results"]:
+            if (r["case"].get("pattern") == pattern and r["case"].get("N") == N and r["impl"] == impl
+                    and r["pass"] == pass_ and not r.get("sweep")):
+                return r["ms"]
+        return None
+
+    fig = go.Figure()
+    for impl, label, color in (("sparseattn", "sparseattn deterministic", COLORS["sparseattn"]),
+                               ("sparseattn-atomic", "sparseattn atomic dQ", "#ff9896"),
+                               ("flex", "FlexAttention", COLORS["flex"])):
+        fig.add_trace(go.Bar(x=pats, y=[ms(bwd, p, impl, "bwd") for p in pats], name=f"{label}: backward",
+                             marker_color=color))
+    fig.add_trace(go.Bar(x=pats, y=[ms(fwd, p, "sparseattn", "fwd") for p in pats], name="sparseattn: forward",
+                         marker_color="#555555"))
+    cud = [ms(bwd, "causal" if p == "causal" else "dense", "cudnn", "bwd") for p in pats]
+    fig.add_trace(go.Scatter(x=pats, y=cud, mode="markers", marker=dict(symbol="line-ew-open", size=40,
+                                                                         color=COLORS["cudnn"]),
+                             name="cuDNN backward, same work (dense or causal)"))
+    from .book import caption
+    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="ms (median)", height=460, title_font_size=12,
+                      title=f"Backward and forward at N = 32k, bf16, H=16, D=128 ({caption(bwd)})")
+    return fig
