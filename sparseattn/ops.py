@@ -12,7 +12,7 @@ from .layout import BlockLayout
 from .predicates import Predicate, kernel_predicate
 from .reference import check_qkv
 
-__all__ = ["sparse_attention", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
+__all__ = ["sparse_attention", "sparse_decode", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -392,4 +392,83 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
         o, lse = _SparseAttention.apply(q, k, v, layout, scale, out, _config, deterministic, _bwd_config)
     else:
         o, lse = _forward(q, k, v, layout, scale, out, _config)
+    return (o, lse) if return_lse else o
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decode over a paged KV cache
+# ---------------------------------------------------------------------------------------------------------
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def decode_splits(B: int, Hkv: int, capacity_tokens: int, block_n: int, device: torch.device):
+    """Split count from shapes and capacity only (never from data), so one CUDA graph serves every step:
+    enough programs to cover the GPU twice even at batch 1, never more splits than key blocks."""
+    max_blocks = max(1, math.ceil(capacity_tokens / block_n))
+    n_splits = min(max_blocks, max(1, math.ceil(2 * _num_sms(device) / (B * Hkv))))
+    per_split = math.ceil(max_blocks / n_splits)
+    return math.ceil(max_blocks / per_split), per_split
+
+
+def sparse_decode(q: torch.Tensor, cache, pages=None, seqs=None, scale: Optional[float] = None,
+                  return_lse: bool = False):
+    """One new query per sequence against its paged KV cache.
+
+    q ``[B, Hq, D]``; row b is sequence ``seqs[b]`` (default b). ``pages=None`` attends to every page;
+    a :class:`PageSelection` restricts each (row, KV head) to its listed logical pages. Returns ``o [B, Hq, D]``
+    (q's dtype) and, with ``return_lse``, the natural-log LSE ``[B, Hq]`` float32. Checks shapes and dtypes
+    only: no host synchronisation, so it can run inside a CUDA graph."""
+    from .paged import PagedKVCache, PageSelection
+    from .routing import _seqs_tensor
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a [B, Hq, D] tensor, got {getattr(q, 'shape', type(q).__name__)}")
+    B, Hq, D = q.shape
+    Hkv = cache.num_kv_heads
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    if q.dtype != cache.dtype:
+        raise TypeError(f"q is {q.dtype} but the cache holds {cache.dtype}")
+    if D != cache.head_dim or D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {D} must equal the cache's ({cache.head_dim}) and be one of {SUPPORTED_HEAD_DIMS}")
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of the cache's KV heads ({Hkv})")
+    if q.device != cache.device:
+        raise ValueError(f"q is on {q.device} but the cache is on {cache.device}")
+    if pages is not None:
+        if not isinstance(pages, PageSelection):
+            raise TypeError(f"pages must be a PageSelection or None, got {type(pages).__name__}")
+        if tuple(pages.index.shape[:2]) != (B, Hkv) or pages.index.device != q.device:
+            raise ValueError(f"pages must be [B={B}, Hkv={Hkv}, P] on {q.device}, got {tuple(pages.index.shape)} "
+                             f"on {pages.index.device}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    seqs_t = _seqs_tensor(seqs, B, q.device)
+    kernels = _runtime.load_kernels("decode")
+    interpreter = _runtime.select_backend() == "interpreter"
+    q = _last_dim_contiguous(q)
+    group = Hq // Hkv
+    block_g = max(16, 1 << (group - 1).bit_length())
+    block_n = 64
+    cap_pages = pages.capacity if pages is not None else cache.max_pages_per_seq
+    n_splits, per_split = decode_splits(B, Hkv, cap_pages * cache.page_size, block_n, q.device)
+    o_part = torch.empty(B, Hq, n_splits, D, device=q.device, dtype=torch.float32)
+    lse_part = torch.empty(B, Hq, n_splits, device=q.device, dtype=torch.float32)
+    kp, vp = cache.k_pages, cache.v_pages
+    sel_index = pages.index if pages is not None else cache.seq_lens
+    sel_count = pages.count if pages is not None else cache.seq_lens
+    kernels.decode_split_kernel[(n_splits, B, Hkv)](
+        q, kp, vp, cache.page_table, cache.seq_lens, seqs_t, sel_index, sel_count, o_part, lse_part,
+        q.stride(0), q.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), vp.stride(0), vp.stride(1), vp.stride(2),
+        cache.page_table.stride(0), Hq, Hkv, group, n_splits, per_split, cap_pages, scale * LOG2E,
+        HEAD_DIM=D, PAGE_SIZE=cache.page_size, BLOCK_G=block_g, BLOCK_N=block_n, USE_SEL=pages is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=1 if interpreter else 3)
+    o = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32)
+    kernels.merge_splits_kernel[(B * Hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(1), Hq, n_splits,
+                                           HEAD_DIM=D, NS=max(1, 1 << (n_splits - 1).bit_length()))
     return (o, lse) if return_lse else o

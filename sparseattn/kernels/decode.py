@@ -1,0 +1,103 @@
+"""Decode attention over a paged KV cache, split across programs (flash-decoding), then merged.
+
+``decode_split_kernel``: one program per (split, sequence, KV head). The query heads of the GQA group share
+the program (they are the rows of the score tile), so K and V of a page are read once per group. A program
+walks a fixed range of *virtual* tokens: the concatenation of the selected pages (or of all pages), and
+translates each token to its physical page inside the load (virtual page -> logical page via the selection
+-> physical page via the page table): no gathered copy of K/V is ever made. Page size and tile size are
+independent: a tile may span several pages or part of one.
+
+``merge_splits_kernel``: one program per (sequence, query head) merges the splits' (o, lse) states with the
+online-softmax law; empty splits (lse = -inf) contribute nothing.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_split_kernel(
+    Q, K_PAGES, V_PAGES, PAGE_TABLE, SEQ_LENS, SEQS, SEL_INDEX, SEL_COUNT, O_PART, LSE_PART,
+    stride_qb, stride_qh,
+    stride_kp, stride_kr, stride_kh,
+    stride_vp, stride_vr, stride_vh,
+    stride_pt,
+    Hq, Hkv, group, n_splits, blocks_per_split, sel_capacity, scale_log2,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_SEL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    b = tl.program_id(1)
+    hkv = tl.program_id(2)
+    seq = tl.load(SEQS + b)
+    seq_len = tl.load(SEQ_LENS + seq)
+    if USE_SEL:
+        n_sel = tl.load(SEL_COUNT + b * Hkv + hkv)
+        n_virtual = n_sel * PAGE_SIZE
+    else:
+        n_virtual = seq_len
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_ok = offs_g < group
+    heads = hkv * group + offs_g  # [BG] query heads of this KV head
+    b_q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                  mask=g_ok[:, None], other=0.0)  # [BG, D]
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    pt_row = PAGE_TABLE + seq.to(tl.int64) * stride_pt
+    sel_row = SEL_INDEX + (b * Hkv + hkv).to(tl.int64) * sel_capacity
+    first = split * blocks_per_split
+    last = tl.minimum(first + blocks_per_split, tl.cdiv(n_virtual, BLOCK_N))
+    for blk in range(first, last):
+        offs_v = blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] virtual tokens
+        vpage = offs_v // PAGE_SIZE
+        row = offs_v % PAGE_SIZE
+        in_range = offs_v < n_virtual
+        if USE_SEL:
+            logical = tl.load(sel_row + vpage, mask=in_range, other=0)
+        else:
+            logical = vpage
+        phys = tl.load(pt_row + logical, mask=in_range, other=0).to(tl.int64)
+        valid = in_range & (logical * PAGE_SIZE + row < seq_len)  # the last page may be partly filled
+        k_ptrs = K_PAGES + phys[:, None] * stride_kp + row[:, None] * stride_kr + hkv * stride_kh + offs_d[None, :]
+        v_ptrs = V_PAGES + phys[:, None] * stride_vp + row[:, None] * stride_vr + hkv * stride_vh + offs_d[None, :]
+        b_k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)  # [BN, D]
+        b_v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION) * scale_log2  # [BG, BN]
+        b_s = tl.where(valid[None, :], b_s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_sub)
+        b_p = tl.math.exp2(b_s - m_sub[:, None])
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    b_o = acc / l_safe[:, None]
+    b_lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    part = ((b * Hq + heads).to(tl.int64) * n_splits + split)  # [BG]
+    tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], b_o, mask=g_ok[:, None])
+    tl.store(LSE_PART + part, b_lse, mask=g_ok)
+
+
+@triton.jit
+def merge_splits_kernel(O_PART, LSE_PART, O, LSE, stride_ob, stride_oh, Hq, n_splits,
+                        HEAD_DIM: tl.constexpr, NS: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // Hq
+    h = bh % Hq
+    offs_s = tl.arange(0, NS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_ok = offs_s < n_splits
+    b_lse = tl.load(LSE_PART + bh.to(tl.int64) * n_splits + offs_s, mask=s_ok, other=float("-inf"))  # [NS]
+    m = tl.max(b_lse, 0)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.where(b_lse == float("-inf"), 0.0, tl.exp(b_lse - m_sub))  # [NS]; empty splits weigh 0
+    total = tl.sum(w, 0)
+    b_o = tl.load(O_PART + (bh.to(tl.int64) * n_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=s_ok[:, None], other=0.0)  # [NS, D]
+    o = tl.sum(w[:, None] * b_o, 0) / tl.where(total == 0.0, 1.0, total)
+    lse = tl.where(total == 0.0, float("-inf"), m_sub + tl.log(tl.where(total == 0.0, 1.0, total)))
+    tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
+    tl.store(LSE + bh, lse)

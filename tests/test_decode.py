@@ -1,0 +1,179 @@
+"""Paged KV cache, sparse decode and Quest page selection (Triton interpreter on CPU)."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import sparseattn as sa
+from sparseattn import PagedKVCache, PageSelection
+from sparseattn.routing import page_bounds
+
+
+def make_cache(page_size=16, Hkv=2, D=32, lens=(100, 37, 1), dtype=torch.float32, num_pages=64, max_pages=16):
+    c = PagedKVCache(num_pages, page_size, Hkv, D, dtype=dtype, device="cpu", max_seqs=len(lens) + 2,
+                     max_pages_per_seq=max_pages)
+    for s, L in enumerate(lens):
+        c.append(s, torch.randn(L, Hkv, D, dtype=dtype), torch.randn(L, Hkv, D, dtype=dtype))
+    return c
+
+
+def reference_decode(q, cache, seqs, selection=None):
+    """fp64 reference over gather_dense, with the unselected pages masked out."""
+    B, Hq, D = q.shape
+    outs, lses = [], []
+    for b, s in enumerate(seqs):
+        k, v = cache.gather_dense(s)  # [Hkv, L, D]
+        L = k.shape[1]
+        Hkv = k.shape[0]
+        mask = torch.ones(1, Hkv, 1, max(L, 1), dtype=torch.bool)[..., :L]
+        if selection is not None:
+            page_of = torch.arange(L) // cache.page_size
+            for h in range(Hkv):
+                chosen = selection.index[b, h, : selection.count[b, h]].tolist()
+                mask[0, h, 0] = torch.isin(page_of, torch.tensor(chosen, dtype=torch.long))
+        if L == 0:
+            outs.append(torch.zeros(Hq, D, dtype=torch.float64))
+            lses.append(torch.full((Hq,), -math.inf, dtype=torch.float64))
+            continue
+        o, lse = sa.reference_attention(q[b][None, :, None], k[None], v[None], mask=mask, return_lse=True)
+        outs.append(o[0, :, 0])
+        lses.append(lse[0, :, 0])
+    return torch.stack(outs), torch.stack(lses)
+
+
+def check(q, cache, seqs=None, pages=None):
+    B = q.shape[0]
+    seqs_list = list(range(B)) if seqs is None else list(seqs)
+    o, lse = sa.sparse_decode(q, cache, pages=pages, seqs=seqs, return_lse=True)
+    ref_o, ref_lse = reference_decode(q, cache, seqs_list, pages)
+    tol = 2e-5 if q.dtype == torch.float32 else 3e-3
+    assert not torch.isnan(o).any()
+    torch.testing.assert_close(o.double(), ref_o, atol=tol, rtol=tol)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    torch.testing.assert_close(lse.double()[fin], ref_lse[fin], atol=1e-4, rtol=1e-5)
+    return o, lse
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_dense_decode(page_size, group):
+    cache = make_cache(page_size=page_size, Hkv=2, lens=(150, 37, 1), max_pages=10)
+    check(torch.randn(3, 2 * group, 32), cache)
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_sparse_decode_with_selection(page_size):
+    cache = make_cache(page_size=page_size, Hkv=2, lens=(200, 90), num_pages=64, max_pages=16)
+    q = torch.randn(2, 8, 32)
+    sel = sa.select_pages(q, cache, topk=2)
+    check(q, cache, pages=sel)
+
+
+def test_fp16_decode_and_seqs_mapping():
+    cache = make_cache(dtype=torch.float16, lens=(70, 20, 33))
+    q = torch.randn(2, 4, 32, dtype=torch.float16)
+    check(q, cache, seqs=[2, 0])
+
+
+def test_user_selection_and_empty_selection():
+    cache = make_cache(page_size=16, lens=(100, 37))
+    q = torch.randn(2, 4, 32)
+    index = torch.tensor([[[0, 2, 5], [1, 3, 0]], [[0, 2, 0], [0, 0, 0]]], dtype=torch.int32)
+    count = torch.tensor([[3, 2], [2, 0]], dtype=torch.int32)  # (row 1, head 1) selects nothing
+    sel = PageSelection(index, count, cache=cache, seqs=[0, 1])
+    o, lse = check(q, cache, pages=sel)
+    assert torch.isinf(lse[1, 2:]).all() and (o[1, 2:] == 0).all()  # heads 2, 3 read KV head 1
+
+
+@pytest.mark.parametrize("index,count,match", [
+    ([[[0, 2, 2]]], [[3]], "ascending"),
+    ([[[3, 1, 0]]], [[2]], "ascending"),
+    ([[[0, -1, 0]]], [[2]], "negative"),
+    ([[[0, 1, 0]]], [[4]], "count"),
+    ([[[0, 9, 0]]], [[2]], "past the end"),
+])
+def test_bad_user_selection_rejected(index, count, match):
+    cache = make_cache(page_size=16, Hkv=1, lens=(100,))
+    with pytest.raises(ValueError, match=match):
+        PageSelection(torch.tensor(index, dtype=torch.int32), torch.tensor(count, dtype=torch.int32), cache=cache)
+
+
+def test_forked_sequences_share_pages_and_copy_on_write():
+    cache = make_cache(page_size=16, lens=(40,))
+    cache.fork(0, 1)
+    assert cache.pages_of(0) == cache.pages_of(1)
+    used = cache.num_pages - cache.free_pages
+    cache.append(1, torch.randn(5, 2, 32), torch.randn(5, 2, 32))  # last page (8 of 16 filled) is shared
+    assert cache.pages_of(0)[:2] == cache.pages_of(1)[:2] and cache.pages_of(0)[2] != cache.pages_of(1)[2]
+    assert cache.num_pages - cache.free_pages == used + 1
+    k0, _ = cache.gather_dense(0)
+    k1, _ = cache.gather_dense(1)
+    assert k0.shape[1] == 40 and k1.shape[1] == 45 and torch.equal(k0, k1[:, :40])
+    check(torch.randn(2, 4, 32), cache)
+    cache.free(1)
+    assert cache.num_pages - cache.free_pages == used
+    cache.free(0)
+    assert cache.free_pages == cache.num_pages
+
+
+def test_append_across_page_boundaries_and_pool_exhaustion():
+    cache = PagedKVCache(4, 16, 1, 16, dtype=torch.float32, device="cpu", max_seqs=2)
+    k = torch.randn(70, 1, 16)
+    for a, b in ((0, 10), (10, 16), (16, 33), (33, 40)):
+        cache.append(0, k[a:b], k[a:b])
+    assert cache.seq_len(0) == 40 and len(cache.pages_of(0)) == 3
+    kd, _ = cache.gather_dense(0)
+    assert torch.equal(kd[0], k[:40, 0])
+    with pytest.raises(ValueError, match="pool is full"):
+        cache.append(1, torch.randn(17, 1, 16), torch.randn(17, 1, 16))
+    assert cache.seq_len(1) == 0 and cache.free_pages == 1  # nothing changed
+    cache.append(1, torch.randn(16, 1, 16), torch.randn(16, 1, 16))
+    assert cache.free_pages == 0
+
+
+def test_cache_bad_arguments():
+    with pytest.raises(ValueError, match="power of two"):
+        PagedKVCache(4, 24, 1, 16, device="cpu")
+    cache = PagedKVCache(4, 16, 2, 16, dtype=torch.float32, device="cpu", max_seqs=2)
+    with pytest.raises(ValueError, match="shape"):
+        cache.append(0, torch.randn(3, 1, 16), torch.randn(3, 1, 16))
+    with pytest.raises(ValueError, match="max_seqs"):
+        cache.append(5, torch.randn(3, 2, 16), torch.randn(3, 2, 16))
+    with pytest.raises(TypeError, match="cache holds"):
+        sa.sparse_decode(torch.randn(1, 2, 16, dtype=torch.float16), cache)
+    with pytest.raises(ValueError, match="multiple"):
+        sa.sparse_decode(torch.randn(1, 3, 16), cache)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 80), st.sampled_from([16, 32]), st.integers(0, 2**31 - 1))
+def test_bound_is_at_least_every_score_of_its_page(L, page_size, seed):
+    g = torch.Generator().manual_seed(seed)
+    cache = PagedKVCache(16, page_size, 2, 16, dtype=torch.float32, device="cpu", max_seqs=1, max_pages_per_seq=8)
+    cache.append(0, torch.randn(L, 2, 16, generator=g) * 3, torch.randn(L, 2, 16, generator=g))
+    q = torch.randn(1, 4, 16, generator=g) * 2
+    bound = page_bounds(q, cache)  # [1, Hkv, P]
+    k, _ = cache.gather_dense(0)  # [Hkv, L, D]
+    for h in range(2):
+        scores = torch.einsum("gd,ld->gl", q[0, 2 * h:2 * h + 2], k[h]).amax(0)  # best over the group
+        for p in range(-(-L // page_size)):
+            assert bound[0, h, p] >= scores[p * page_size:(p + 1) * page_size].max() - 1e-4
+
+
+def test_select_pages_is_the_top_k_of_its_bound_plus_forced_pages():
+    cache = make_cache(page_size=16, Hkv=2, lens=(200, 60), max_pages=16)
+    q = torch.randn(2, 4, 32)
+    sel = sa.select_pages(q, cache, topk=5, always_first=1, always_last=1)
+    bound = page_bounds(q, cache)
+    for b, L in enumerate((200, 60)):
+        n = -(-L // 16)
+        for h in range(2):
+            chosen = sel.index[b, h, : sel.count[b, h]].tolist()
+            assert chosen == sorted(set(chosen)) and all(0 <= p < n for p in chosen)
+            assert 0 in chosen and n - 1 in chosen
+            rest = [p for p in range(1, n - 1)]
+            want = sorted(sorted(rest, key=lambda p: -float(bound[b, h, p]))[: min(5, n) - 2])
+            assert chosen == sorted({0, n - 1, *want})
+    PageSelection(sel.index, sel.count, cache=cache)  # valid by construction
