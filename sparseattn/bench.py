@@ -3,6 +3,7 @@
 Each suite fits in one 10-minute GPU run, measures our kernels and the strongest baselines on the same
 work in the same process, prints a short table last and writes ``<suite>-<gpu>.json`` into ``--out``
 (default ``book/data/bench/``). Suites: ``prefill`` (forward kernel vs FlexAttention, cuDNN, FA2, naive),
+``decode`` (paged-cache decode, dense and Quest-selected, vs SDPA dense decode),
 ``backward`` (deterministic and atomic backward vs FlexAttention, cuDNN, FA2; determinism; column
 splitting), ``layout`` (building the block table vs FlexAttention's ``create_block_mask``).
 """
@@ -393,7 +394,74 @@ def suite_backward(args) -> tuple:
     return results, table, cols
 
 
-SUITES = {"prefill": suite_prefill, "layout": suite_layout, "backward": suite_backward}
+def suite_decode(args) -> tuple:
+    """Decode over the paged cache (dense and with Quest selection) vs SDPA dense decode on contiguous KV."""
+    from .ops import sparse_decode
+    from .paged import PagedKVCache
+    from .routing import select_pages
+    Hq, Hkv, D, dtype = 32, 8, 128, torch.bfloat16
+    results, table = [], []
+    cases = [(8, 131072, 16, None), (8, 131072, 16, 0.13), (8, 131072, 64, 0.13), (32, 32768, 16, 0.16),
+             (1, 131072, 16, None), (8, 131072, 64, None)]
+    for B, L, ps, keep in cases:
+        torch.manual_seed(0)
+        n_pages_seq = L // ps
+        cache = PagedKVCache(B * n_pages_seq, ps, Hkv, D, dtype=dtype, device="cuda", max_seqs=B,
+                             max_pages_per_seq=n_pages_seq)
+        for b in range(B):
+            kv = torch.randn(L, Hkv, D, device="cuda", dtype=dtype)
+            cache.append(b, kv, kv.flip(0))
+            del kv
+        q = torch.randn(B, Hq, D, device="cuda", dtype=dtype)
+        case = {"pattern": "dense" if keep is None else f"keep{keep:.2f}", "N": L, "B": B, "Hq": Hq, "Hkv": Hkv,
+                "D": D, "dtype": "bf16", "page_size": ps}
+        full_bytes = 2 * B * Hkv * L * D * 2
+        row = {"case": f"B={B} L={L // 1024}k ps={ps} " + case["pattern"]}
+        if keep is None:
+            ms = time_gpu(lambda: sparse_decode(q, cache))
+            results.append({"case": case, "impl": "sparseattn", "pass": "decode", "ms": ms,
+                            "bytes": full_bytes, "tbps": full_bytes / ms / 1e9})
+            row.update(ours_ms=round(ms, 4), TB_s=round(full_bytes / ms / 1e9, 2))
+        else:
+            topk = max(1, round(keep * n_pages_seq))
+            sel = select_pages(q, cache, topk)
+            sel_bytes = int(sel.count.sum()) * ps * D * 2 * 2
+            ms = time_gpu(lambda: sparse_decode(q, cache, pages=sel))
+            ms_sel = time_gpu(lambda: select_pages(q, cache, topk))
+            ms_step = time_gpu(lambda: sparse_decode(q, cache, pages=select_pages(q, cache, topk)))
+            results.append({"case": case, "impl": "sparseattn", "pass": "decode", "ms": ms, "bytes": sel_bytes,
+                            "tbps": sel_bytes / ms / 1e9, "keep_fraction": sel_bytes / full_bytes})
+            results.append({"case": case, "impl": "sparseattn", "pass": "select", "ms": ms_sel})
+            results.append({"case": case, "impl": "sparseattn", "pass": "select+decode", "ms": ms_step})
+            row.update(ours_ms=round(ms, 4), TB_s=round(sel_bytes / ms / 1e9, 2), select_ms=round(ms_sel, 4),
+                       step_ms=round(ms_step, 4))
+        # contiguous dense KV for SDPA (same bytes as the full cache)
+        kd = torch.randn(B, Hkv, L, D, device="cuda", dtype=dtype)
+        vd = torch.randn_like(kd)
+        q4 = q.view(B, Hq, 1, D)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        for impl, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+            def run(be=be):
+                with sdpa_kernel(be):
+                    return torch.nn.functional.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True)
+            try:
+                ms_b = time_gpu(run)
+            except RuntimeError as e:
+                results.append({"case": {**case, "pattern": "dense"}, "impl": impl, "pass": "decode", "ms": None,
+                                "error": str(e)[:200]})
+                continue
+            results.append({"case": {**case, "pattern": "dense"}, "impl": impl, "pass": "decode", "ms": ms_b,
+                            "tbps": full_bytes / ms_b / 1e9})
+            row[f"{impl}_dense_ms"] = round(ms_b, 4)
+        table.append(row)
+        del cache, kd, vd
+        torch.cuda.empty_cache()
+    cols = ["case", "ours_ms", "TB_s", "select_ms", "step_ms", "cudnn_dense_ms", "fa2_dense_ms"]
+    return results, table, cols
+
+
+SUITES = {"prefill": suite_prefill, "layout": suite_layout, "backward": suite_backward,
+          "decode": suite_decode}
 
 
 def main(argv=None) -> int:
@@ -414,7 +482,7 @@ def main(argv=None) -> int:
         return 2
     if args.n is None:
         args.n = {"prefill": "4096,8192,16384,32768,65536", "layout": "32768,131072",
-                  "backward": "8192,32768"}[args.suite]
+                  "backward": "8192,32768", "decode": ""}[args.suite]
     results, table, cols = SUITES[args.suite](args)
     path = write_json(args.suite, results, args.out)
     print(f"\nwrote {path}")
