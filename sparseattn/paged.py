@@ -48,6 +48,7 @@ class PagedKVCache:
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         self.k_pages = torch.zeros(shape, dtype=dtype, device=device)
         self.v_pages = torch.zeros(shape, dtype=dtype, device=device)
+        self.device = device = self.k_pages.device  # "cuda" -> "cuda:0", so comparisons with q.device hold
         self.k_min = torch.zeros(num_pages, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.k_max = torch.zeros_like(self.k_min)
         self.page_table = torch.zeros(max_seqs, max_pages_per_seq, dtype=torch.int32, device=device)
