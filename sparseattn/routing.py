@@ -40,10 +40,9 @@ def page_bounds(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor
     kmin = cache.k_min[phys].float()  # [B, P, Hkv, D]
     kmax = cache.k_max[phys].float()
     qg = q.float().view(B, Hkv, Hq // Hkv, D)  # [B, Hkv, G, D]
-    # bound per query head, then the max over the group: [B, Hkv, G, P] -> [B, Hkv, P]
-    lo = torch.einsum("bhgd,bphd->bhgpd", qg, kmin)
-    hi = torch.einsum("bhgd,bphd->bhgpd", qg, kmax)
-    bound = torch.maximum(lo, hi).sum(-1).amax(2)
+    # sum_d max(q_d min_d, q_d max_d) = relu(q) . max + min(q, 0) . min: two batched GEMMs, no [.., D] temporary
+    bound = (torch.einsum("bhgd,bphd->bhgp", qg.clamp(min=0), kmax)
+             + torch.einsum("bhgd,bphd->bhgp", qg.clamp(max=0), kmin)).amax(2)  # max over the group: [B, Hkv, P]
     n_pages = (cache.seq_lens[seqs_t.long()] + cache.page_size - 1) // cache.page_size  # [B]
     live = torch.arange(cache.max_pages_per_seq, device=q.device)[None, :] < n_pages[:, None]
     return torch.where(live[:, None, :], bound, torch.full_like(bound, float("-inf")))
