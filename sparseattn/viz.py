@@ -444,3 +444,73 @@ def backward_figure(bwd: dict, fwd: dict) -> go.Figure:
     fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="ms (median)", height=460, title_font_size=12,
                       title=f"Backward and forward at N = 32k, bf16, H=16, D=128 ({caption(bwd)})")
     return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chapter 7: decode over a paged KV cache
+# ---------------------------------------------------------------------------------------------------------
+def splits_figure(Hkv: int = 8, L: int = 131072, page_size: int = 16, sms: int = 132) -> go.Figure:
+    """Programs launched by split-KV decoding vs batch size, from shapes alone (the H200 has 132 SMs)."""
+    import math as _m
+    Bs = [1, 2, 4, 8, 16, 32, 64]
+    splits, progs = [], []
+    for B in Bs:
+        max_blocks = _m.ceil(L / 64)
+        n = min(max_blocks, max(1, _m.ceil(2 * sms / (B * Hkv))))
+        per = _m.ceil(max_blocks / n)
+        n = _m.ceil(max_blocks / per)
+        splits.append(n)
+        progs.append(n * B * Hkv)
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=[str(b) for b in Bs], y=[B * Hkv for B in Bs], name="programs without splitting"))
+    fig.add_trace(go.Bar(x=[str(b) for b in Bs], y=progs, name="programs with split-KV",
+                         text=[f"{s} splits" for s in splits], textposition="outside"))
+    fig.add_hline(y=sms, line_dash="dot", annotation_text=f"{sms} SMs")
+    fig.update_layout(barmode="group", yaxis_type="log", xaxis_title="batch (sequences decoded together)",
+                      yaxis_title="programs in the launch", height=400, title_font_size=12,
+                      title=f"Split count from shapes only: Hkv={Hkv}, capacity {L} tokens")
+    return fig
+
+
+def bound_figure(page_size: int = 16, L: int = 2048, seed: int = 0) -> go.Figure:
+    """Quest's per-page bound against the true best score of the page (every point must lie above y = x)."""
+    from .paged import PagedKVCache
+    from .routing import page_bounds
+    g = torch.Generator().manual_seed(seed)
+    cache = PagedKVCache(L // page_size + 1, page_size, 1, 64, dtype=torch.float32, device="cpu", max_seqs=1)
+    drift = torch.cumsum(torch.randn(L, 1, 64, generator=g) * 0.1, 0)  # slowly varying keys, like real ones
+    cache.append(0, drift + torch.randn(L, 1, 64, generator=g) * 0.5, torch.randn(L, 1, 64, generator=g))
+    q = torch.randn(1, 1, 64, generator=g)
+    bound = page_bounds(q, cache)[0, 0, : L // page_size]
+    k, _ = cache.gather_dense(0)
+    best = (k[0] @ q[0, 0]).view(-1, page_size).amax(1)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=best.tolist(), y=bound.tolist(), mode="markers", name="pages"))
+    lo, hi = float(best.min()), float(bound.max())
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dot"), name="bound = best"))
+    fig.update_layout(title=f"Page bound vs the page's true best score (page size {page_size})",
+                      xaxis_title="max over the page of q . k", yaxis_title="bound from per-page min/max of K",
+                      height=420, title_font_size=12)
+    return fig
+
+
+def decode_figure(doc: dict) -> go.Figure:
+    """Decode time per case: ours through the paged cache (dense or selected), selection and the whole
+    step, against SDPA's dense decode on contiguous KV."""
+    rows = {}
+    for r in doc["results"]:
+        c = r["case"]
+        key = f"B={c['B']} L={c['N'] // 1024}k ps={c['page_size']}"
+        rows.setdefault(key, {})
+        label = r["impl"] if r["impl"] != "sparseattn" else f"ours {c['pattern']} ({r['pass']})"
+        if r.get("ms") is not None:
+            rows[key][label] = r["ms"]
+    keys = list(rows)
+    labels = sorted({lab for v in rows.values() for lab in v})
+    fig = go.Figure()
+    for lab in labels:
+        fig.add_trace(go.Bar(x=keys, y=[rows[k].get(lab) for k in keys], name=lab))
+    from .book import caption
+    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="ms (median)", height=480, title_font_size=12,
+                      title=f"Decode, bf16, 32 query / 8 KV heads, D=128 ({caption(doc)})")
+    return fig
