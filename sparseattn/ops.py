@@ -113,6 +113,35 @@ def _doc_table(pred: Predicate, layout: BlockLayout, B: int) -> Optional[torch.T
     return ids
 
 
+@dataclass
+class _MaskArgs:
+    """What every prefill kernel needs to mask partial tiles and map heads to the layout (see predicates)."""
+    bits: Optional[torch.Tensor]
+    doc: Optional[torch.Tensor]
+    scalars: tuple  # band_lo, band_hi, sink_n, sink_lo, sink_hi
+    group: int  # query heads per KV head
+    lh_div: int  # query head -> layout head divisor
+    flags: dict  # USE_BITS, HAS_SINKS, HAS_DOC, DOC_BATCHED
+
+    def pointers(self, dummy: torch.Tensor):
+        doc_stride = self.doc.stride(0) if self.doc is not None and self.doc.dim() == 2 else 0
+        return (self.bits if self.bits is not None else dummy, self.doc if self.doc is not None else dummy,
+                doc_stride)
+
+
+def _mask_args(layout: BlockLayout, B: int, Hq: int, Hkv: int) -> _MaskArgs:
+    pred, bits = _mask_path(layout)
+    doc = _doc_table(pred, layout, B)
+    band = pred.band if pred is not None else (0, -1)
+    sink_n = pred.sink_n if pred is not None and pred.has_sinks else 0
+    sink_band = pred.sink_band if sink_n else (0, -1)
+    group = Hq // Hkv
+    flags = dict(USE_BITS=bits is not None, HAS_SINKS=sink_n > 0, HAS_DOC=doc is not None,
+                 DOC_BATCHED=doc is not None and doc.dim() == 2)
+    return _MaskArgs(bits, doc, (band[0], band[1], sink_n, sink_band[0], sink_band[1]), group,
+                     1 if layout.H == Hq else group, flags)
+
+
 def check_layout_for(layout: BlockLayout, B: int, Hq: int, Hkv: int, Lq: int, Lk: int, device) -> None:
     if not isinstance(layout, BlockLayout):
         raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
@@ -170,16 +199,9 @@ def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Ten
                          f"{layout.block_q}x{layout.block_k}")
     o = out if out is not None else torch.empty_like(q)
     lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    pred, bits = _mask_path(layout)
-    doc = _doc_table(pred, layout, B)
-    band = pred.band if pred is not None else (0, -1)
-    sink_n = pred.sink_n if pred is not None and pred.has_sinks else 0
-    sink_band = pred.sink_band if sink_n else (0, -1)
-    group = Hq // Hkv
-    lh_div = 1 if layout.H == Hq else group
+    ma = _mask_args(layout, B, Hq, Hkv)
     order = _row_order(layout, cfg.block_m)
     grid = (order.numel(), B * Hq)
-    dummy = layout.kv_count
     use_tma = _use_tma(cfg, q, k, v, interpreter)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -195,14 +217,11 @@ def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Ten
         v.stride(0), v.stride(1), v.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
         layout.kv_count, layout.kv_index, layout.full_count, layout.full_index, order,
-        bits if bits is not None else dummy, doc if doc is not None else dummy,
-        doc.stride(0) if doc is not None and doc.dim() == 2 else 0,
-        Hq, group, layout.B, layout.H, lh_div, layout.nq, layout.width, layout.full_width,
-        Lq, Lk, layout.q_offset, scale * LOG2E,
-        band[0], band[1], sink_n, sink_band[0], sink_band[1],
+        *ma.pointers(layout.kv_count),
+        Hq, ma.group, layout.B, layout.H, ma.lh_div, layout.nq, layout.width, layout.full_width,
+        Lq, Lk, layout.q_offset, scale * LOG2E, *ma.scalars,
         HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        USE_BITS=bits is not None, HAS_SINKS=sink_n > 0, HAS_DOC=doc is not None,
-        DOC_BATCHED=doc is not None and doc.dim() == 2, EVEN_K=Lk % layout.block_k == 0, USE_TMA=use_tma,
+        **ma.flags, EVEN_K=Lk % layout.block_k == 0, USE_TMA=use_tma,
         WARP_SPEC=cfg.warp_specialize and not interpreter,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -296,21 +315,10 @@ def _backward(do, q, k, v, o, lse, layout: BlockLayout, scale: float, determinis
     q, k, v, do = (_last_dim_contiguous(t) for t in (q, k, v, do))
     cfg = config or _bwd_config(D, q.dtype, layout, interpreter)
     delta = (do.float() * o.float()).sum(-1).contiguous()  # [B, Hq, Lq]: rowsum(dO * O)
-    pred, bits = _mask_path(layout)
-    doc = _doc_table(pred, layout, B)
-    band = pred.band if pred is not None else (0, -1)
-    sink_n = pred.sink_n if pred is not None and pred.has_sinks else 0
-    sink_band = pred.sink_band if sink_n else (0, -1)
-    group = Hq // Hkv
-    lh_div = 1 if layout.H == Hq else group
-    mask_args = (band[0], band[1], sink_n, sink_band[0], sink_band[1])
-    flags = dict(USE_BITS=bits is not None, HAS_SINKS=sink_n > 0, HAS_DOC=doc is not None,
-                 DOC_BATCHED=doc is not None and doc.dim() == 2,
-                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
-    dummy = layout.kv_count
-    bits_t = bits if bits is not None else dummy
-    doc_t = doc if doc is not None else dummy
-    doc_stride = doc.stride(0) if doc is not None and doc.dim() == 2 else 0
+    ma = _mask_args(layout, B, Hq, Hkv)
+    group, lh_div, mask_args = ma.group, ma.lh_div, ma.scalars
+    flags = dict(ma.flags, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    bits_t, doc_t, doc_stride = ma.pointers(layout.kv_count)
     t = layout._t()
     work, n_ws, split_subs, slots, chunk = _bwd_work(layout, cfg.block_n, cfg.chunk)
     dk = torch.empty_like(k)
