@@ -13,6 +13,8 @@ online-softmax law; empty splits (lse = -inf) contribute nothing.
 import triton
 import triton.language as tl
 
+from .prefill_fwd import masked_softmax_step
+
 
 @triton.jit
 def decode_split_kernel(
@@ -65,13 +67,7 @@ def decode_split_kernel(
         b_v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION) * scale_log2  # [BG, BN]
         b_s = tl.where(valid[None, :], b_s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_sub)
-        b_p = tl.math.exp2(b_s - m_sub[:, None])
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = masked_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     b_o = acc / l_safe[:, None]

@@ -32,6 +32,20 @@ def _partial_mask(offs_m_abs, offs_n, n_start, row_in_tile, bits_ptr, doc_q, DOC
 
 
 @triton.jit
+def masked_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """Fold one tile of base-2 scores ``b_s [M, N]`` (masked cells = -inf) and values ``b_v [N, D]`` into the
+    running state (m, l, acc). A row with nothing allowed so far keeps m = -inf; it subtracts 0 instead, so
+    exp2 gives exact zeros rather than NaN."""
+    m_new = tl.maximum(m_i, tl.max(b_s, 1))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_sub)
+    b_p = tl.math.exp2(b_s - m_sub[:, None])  # [M, N]
+    l_i = l_i * alpha + tl.sum(b_p, 1)
+    acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _load_tile(desc, base, row0, stride_row, b, h, L, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
                USE_TMA: tl.constexpr, CHECK: tl.constexpr):
     """Rows ``row0 .. row0 + ROWS`` of one (batch, head) as ``[ROWS, HEAD_DIM]``; rows >= L read as 0.
@@ -117,14 +131,7 @@ def sparse_fwd_kernel(
                                 BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)
         allowed = allowed & (offs_n < Lk)[None, :]
         b_s = tl.where(allowed, b_s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        # a row with nothing allowed so far keeps m = -inf; subtract 0 there so exp2 gives 0, not NaN
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_sub)
-        b_p = tl.math.exp2(b_s - m_sub[:, None])  # [BM, BN]
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = masked_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
 
     # ---- full tiles: no mask work (only the key-length edge when Lk is not a multiple of BLOCK_K) ------------
     n_full = tl.load(FULL_COUNT + row)
