@@ -103,11 +103,16 @@ def caption(doc: dict) -> str:
 
 
 def interact(fn: Callable, **grid):
-    """ipywidgets.interact in a live notebook; nothing in the static build (use static_explorer there)."""
+    """Controls plus a *Run* button in a live notebook (``ipywidgets.interact_manual``): recomputing, and on a
+    GPU re-measuring, happens when the reader asks, not on every slider tick. Nothing in the static build
+    (its figures come from static_explorer)."""
     if is_static_build():
         return None
     import ipywidgets
-    return ipywidgets.interact(fn, **grid)
+    from IPython.display import display
+    widget = ipywidgets.interactive(fn, {"manual": True, "manual_name": "Run"}, **grid)
+    display(widget)
+    return None
 
 
 def static_explorer(make_figure: Callable, grid: dict, title: str = ""):

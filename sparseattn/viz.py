@@ -137,7 +137,7 @@ def book_layout(pattern: str, L: int, block_q: int, block_k: int, window: Option
     return BlockLayout.from_mask_mod(mm, L, L, block_q, block_k, device="cpu")
 
 
-def _pool(mask: torch.Tensor, max_px: int = 256) -> torch.Tensor:
+def _pool(mask: torch.Tensor, max_px: int = 128) -> torch.Tensor:
     """Fraction of allowed cells per pixel when the mask is larger than ``max_px``."""
     L = max(mask.shape)
     f = max(1, math.ceil(L / max_px))
