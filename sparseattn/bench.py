@@ -156,7 +156,7 @@ def _rel_err(a, b) -> float:
 
 
 def suite_prefill(args) -> tuple:
-    from .ops import FwdConfig, sparse_attention
+    from .ops import sparse_attention
     B, H, D, dtype = 1, args.heads, args.head_dim, torch.bfloat16
     results, table = [], []
     Ns = [int(x) for x in args.n.split(",")]
@@ -223,7 +223,6 @@ def suite_prefill(args) -> tuple:
                     results.append({"case": case, "impl": "sparseattn", "pass": "fwd", "ms": ms,
                                     "config": cfg.__dict__, "sweep": True, "tile_tflops": flops / ms / 1e9})
                     print(f"# sweep {pattern} N={N} {cfg}: {ms:.3f} ms", file=sys.stderr)
-        del q, k, v
         torch.cuda.empty_cache()
     cols = ["pattern", "N", "ours_ms", "tile_TF/s", "flex_ms", "flex/ours", "cudnn_ms", "cudnn/ours", "naive_ms",
             "err_vs_flex"]
@@ -387,7 +386,6 @@ def suite_backward(args) -> tuple:
                     results.append({"case": case, "impl": "sparseattn", "pass": "bwd", "ms": ms, "sweep": True,
                                     "config": cfg.__dict__})
                     print(f"# bwd sweep {pattern} N={N} {cfg}: {ms:.3f} ms", file=sys.stderr)
-        del q, k, v, do
         torch.cuda.empty_cache()
     cols = ["pattern", "N", "det_bwd_ms", "atomic_bwd_ms", "nosplit_bwd_ms", "flex_bwd_ms", "flex/det", "cudnn_bwd_ms",
             "det_repeatable", "atomic_repeatable", "err_vs_flex"]
@@ -454,7 +452,6 @@ def suite_decode(args) -> tuple:
                             "tbps": full_bytes / ms_b / 1e9})
             row[f"{impl}_dense_ms"] = round(ms_b, 4)
         table.append(row)
-        del cache, kd, vd
         torch.cuda.empty_cache()
     cols = ["case", "ours_ms", "TB_s", "select_ms", "step_ms", "cudnn_dense_ms", "fa2_dense_ms"]
     return results, table, cols

@@ -12,7 +12,6 @@ stays on the device with fixed shapes, so a decode step with selection can be ca
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 

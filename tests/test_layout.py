@@ -162,7 +162,7 @@ def test_flex_round_trip(name):
 
 
 def test_flex_from_dense_bits_and_gqa_heads():
-    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    pytest.importorskip("torch.nn.attention.flex_attention")
     dense = torch.rand(1, 2, 40, 40) < 0.3
     layout = BlockLayout.from_dense(dense, 16, 16)
     bm = layout.to_flex(num_heads=4)

@@ -1,5 +1,4 @@
 """Forward kernel vs the fp64 reference on the layout's dense mask, under the Triton interpreter on CPU."""
-import math
 
 import pytest
 import torch
