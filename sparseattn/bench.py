@@ -155,12 +155,17 @@ def _rel_err(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def suite_prefill(args) -> tuple:
-    from .ops import sparse_attention
-    B, H, D, dtype = 1, args.heads, args.head_dim, torch.bfloat16
-    results, table = [], []
+def _prefill_setup(args):
+    """Shapes shared by the prefill and backward suites: B=1, H heads, head dim D, bf16, lengths, patterns."""
     Ns = [int(x) for x in args.n.split(",")]
     patterns = args.patterns.split(",") if args.patterns else PREFILL_PATTERNS
+    return 1, args.heads, args.head_dim, torch.bfloat16, Ns, patterns
+
+
+def suite_prefill(args) -> tuple:
+    from .ops import sparse_attention
+    B, H, D, dtype, Ns, patterns = _prefill_setup(args)
+    results, table = [], []
     for N in Ns:
         torch.manual_seed(0)
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
@@ -303,10 +308,8 @@ def _grad_fn(fwd, inputs, do):
 
 def suite_backward(args) -> tuple:
     from .ops import BwdConfig, sparse_attention
-    B, H, D, dtype = 1, args.heads, args.head_dim, torch.bfloat16
+    B, H, D, dtype, Ns, patterns = _prefill_setup(args)
     results, table = [], []
-    Ns = [int(x) for x in args.n.split(",")]
-    patterns = args.patterns.split(",") if args.patterns else PREFILL_PATTERNS
     for N in Ns:
         torch.manual_seed(0)
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
