@@ -50,8 +50,9 @@ def page_bounds(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor
 def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, always_first: int = 1,
                  always_last: int = 1) -> PageSelection:
     """The ``topk`` pages of highest bound per (row, KV head), always including the first ``always_first``
-    and last ``always_last`` pages of each sequence; clamped to the sequence's page count. Capacity (the
-    selection's P) is ``min(topk, max_pages_per_seq)``, fixed by shapes; no host synchronisation."""
+    and last ``always_last`` pages of each sequence (they count towards ``topk``; with ``topk`` below their
+    number, which forced pages are kept is unspecified); clamped to the sequence's page count. Capacity (the selection's P)
+    is ``min(topk, max_pages_per_seq)``, fixed by shapes; no host synchronisation."""
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be a [B, Hq, D] tensor, got {getattr(q, 'shape', type(q).__name__)}")
     if not isinstance(cache, PagedKVCache):
