@@ -187,13 +187,34 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _with_smaller_tiles(run, cfg, fallbacks):
+    """Run ``run(cfg)``; if the GPU lacks the shared memory for its tiles even at one pipeline stage (a T4 on
+    Colab has 64 KiB), retry with the smaller tile configs of ``fallbacks``."""
+    import triton
+    attempts = [cfg, *fallbacks]
+    for i, attempt in enumerate(attempts):
+        try:
+            return run(attempt)
+        except triton.runtime.errors.OutOfResources:
+            if i == len(attempts) - 1:
+                raise
+
+
 def _forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Tensor], config: Optional[FwdConfig]):
-    kernels = _runtime.load_kernels("prefill_fwd")
     interpreter = _runtime.select_backend() == "interpreter"
+    D = q.shape[-1]
+    cfg = config or _fwd_config(D, q.dtype, layout, interpreter)
+    fallbacks = [] if config is not None else [
+        FwdConfig(min(bm, layout.block_q), min(bn, layout.block_k), 4, 2) for bm, bn in ((64, 64), (32, 32))]
+    return _with_smaller_tiles(lambda c: _forward_with(q, k, v, layout, scale, out, c, interpreter), cfg, fallbacks)
+
+
+def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Tensor], cfg: FwdConfig,
+                  interpreter: bool):
+    kernels = _runtime.load_kernels("prefill_fwd")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    cfg = config or _fwd_config(D, q.dtype, layout, interpreter)
     if layout.block_q % cfg.block_m or layout.block_k % cfg.block_n:
         raise ValueError(f"kernel tiles {cfg.block_m}x{cfg.block_n} must divide the layout's "
                          f"{layout.block_q}x{layout.block_k}")
@@ -308,12 +329,22 @@ def _bwd_work(layout: BlockLayout, block_n: int, chunk: Optional[int]):
 
 def _backward(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deterministic: bool,
               config: Optional[BwdConfig] = None):
-    kernels = _runtime.load_kernels("prefill_bwd")
     interpreter = _runtime.select_backend() == "interpreter"
+    cfg = config or _bwd_config(q.shape[-1], q.dtype, layout, interpreter)
+    bq, bk = layout.block_q, layout.block_k
+    fallbacks = [] if config is not None else [
+        BwdConfig(min(m, bq), min(n, bk), min(dm, bq), min(dn, bk), 4, 2)
+        for m, n, dm, dn in ((32, 64, 64, 32), (16, 32, 32, 16))]
+    return _with_smaller_tiles(
+        lambda c: _backward_with(do, q, k, v, o, lse, layout, scale, deterministic, c, interpreter), cfg, fallbacks)
+
+
+def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deterministic: bool, cfg: BwdConfig,
+                   interpreter: bool):
+    kernels = _runtime.load_kernels("prefill_bwd")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     q, k, v, do = (_last_dim_contiguous(t) for t in (q, k, v, do))
-    cfg = config or _bwd_config(D, q.dtype, layout, interpreter)
     delta = (do.float() * o.float()).sum(-1).contiguous()  # [B, Hq, Lq]: rowsum(dO * O)
     ma = _mask_args(layout, B, Hq, Hkv)
     group, lh_div, mask_args = ma.group, ma.lh_div, ma.scalars
