@@ -15,7 +15,7 @@ listed query tiles; chunks write partial dK/dV to a workspace that is summed in 
 import triton
 import triton.language as tl
 
-from .prefill_fwd import _partial_mask
+from .prefill_fwd import _partial_mask, doc_table
 
 
 @triton.jit
@@ -41,8 +41,16 @@ def _mask_t(offs_n, offs_m_abs, m_start, n_start, bits_ptr, doc_k, DOC_Q, q_offs
 
 
 @triton.jit
-def _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_base, m_start, offs_n,
-               stride_qm, stride_dom, stride_dqm, Lq, q_offset, scale_log2, allowed,
+def _load_lse2(lse_row, offs_m, m_ok):
+    """Saved natural-log LSE in base 2. Rows past Lq and rows with no key (LSE = -inf) get +inf, so every P
+    recomputed from them is exactly 0."""
+    b_lse = tl.load(lse_row + offs_m, mask=m_ok, other=float("inf"))
+    return tl.where(b_lse == float("-inf"), float("inf"), b_lse) * 1.4426950408889634
+
+
+@triton.jit
+def _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_base, m_start,
+               stride_qm, stride_dom, stride_dqm, Lq, scale_log2, allowed,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                DOT_PRECISION: tl.constexpr):
     offs_m = m_start + tl.arange(0, BLOCK_M)
@@ -50,9 +58,7 @@ def _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_b
     m_ok = offs_m < Lq
     b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
     b_do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    # rows past Lq and rows with no key (lse = -inf) get lse = +inf, so their P is exactly 0
-    b_lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
-    b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse) * 1.4426950408889634  # base 2
+    b_lse = _load_lse2(lse_base, offs_m, m_ok)
     b_delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
     b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)  # [BN, BM] = (Q K^T)^T
     b_pt = tl.math.exp2(b_st * scale_log2 - b_lse[None, :])
@@ -109,12 +115,7 @@ def dkdv_kernel(
     b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
     b_dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     b_dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    doc_k = offs_n
-    DOC_Q = DOC
-    if HAS_DOC:
-        if DOC_BATCHED:
-            DOC_Q = DOC + b.to(tl.int64) * stride_doc_b
-        doc_k = tl.load(DOC_Q + tl.minimum(offs_n, Lk - 1))
+    DOC_Q, doc_k = doc_table(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC, DOC_BATCHED)
     SUB_M: tl.constexpr = BLOCK_Q // BLOCK_M
 
     for g in range(0, group):  # the query heads that share this KV head; dK/dV sum over them
@@ -146,7 +147,7 @@ def dkdv_kernel(
                               BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)
             allowed = allowed & n_ok[:, None]
             b_dk, b_dv = _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_base,
-                                    m_start, offs_n, stride_qm, stride_dom, stride_dqm, Lq, q_offset, scale_log2,
+                                    m_start, stride_qm, stride_dom, stride_dqm, Lq, scale_log2,
                                     allowed, HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, DOT_PRECISION)
         # full query tiles of this chunk: no mask (keys past Lk are zero rows: they add nothing)
         f_lo = tl.maximum(lo, n_partial) - n_partial
@@ -155,7 +156,7 @@ def dkdv_kernel(
             qi = tl.load(FULL_Q_INDEX + col * FWT + it // SUB_M)
             m_start = qi * BLOCK_Q + (it % SUB_M) * BLOCK_M
             b_dk, b_dv = _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_base,
-                                    m_start, offs_n, stride_qm, stride_dom, stride_dqm, Lq, q_offset, scale_log2,
+                                    m_start, stride_qm, stride_dom, stride_dqm, Lq, scale_log2,
                                     n_ok[:, None], HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, DOT_PRECISION)
 
     b_dk = b_dk * scale
@@ -210,16 +211,10 @@ def dq_kernel(
     v_base = V + b.to(tl.int64) * stride_vb + hkv.to(tl.int64) * stride_vh
     b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)
     b_do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    b_lse = tl.load(LSE + bh.to(tl.int64) * Lq + offs_m, mask=m_ok, other=float("inf"))
-    b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse) * 1.4426950408889634
+    b_lse = _load_lse2(LSE + bh.to(tl.int64) * Lq, offs_m, m_ok)
     b_delta = tl.load(DELTA + bh.to(tl.int64) * Lq + offs_m, mask=m_ok, other=0.0)
     b_dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    doc_q = offs_m_abs
-    DOC_K = DOC
-    if HAS_DOC:
-        if DOC_BATCHED:
-            DOC_K = DOC + b.to(tl.int64) * stride_doc_b
-        doc_q = tl.load(DOC_K + tl.minimum(offs_m_abs, q_offset + Lq - 1))
+    DOC_K, doc_q = doc_table(DOC, b, stride_doc_b, offs_m_abs, q_offset + Lq - 1, HAS_DOC, DOC_BATCHED)
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
 
     n_partial = tl.load(KV_COUNT + row)

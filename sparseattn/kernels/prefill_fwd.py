@@ -46,6 +46,19 @@ def masked_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def doc_table(DOC, b, stride_doc_b, positions, last, HAS_DOC: tl.constexpr, DOC_BATCHED: tl.constexpr):
+    """``(row pointer, ids)``: this batch row's document-id table and the ids at ``positions`` (clamped to
+    ``last``). Without documents, ``(DOC, positions)`` placeholders of the right shape."""
+    row = DOC
+    ids = positions
+    if HAS_DOC:
+        if DOC_BATCHED:
+            row = DOC + b.to(tl.int64) * stride_doc_b
+        ids = tl.load(row + tl.minimum(positions, last))
+    return row, ids
+
+
+@triton.jit
 def _load_tile(desc, base, row0, stride_row, b, h, L, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
                USE_TMA: tl.constexpr, CHECK: tl.constexpr):
     """Rows ``row0 .. row0 + ROWS`` of one (batch, head) as ``[ROWS, HEAD_DIM]``; rows >= L read as 0.
@@ -103,12 +116,7 @@ def sparse_fwd_kernel(
     m_ok = offs_m < Lq
     b_q = _load_tile(desc_q, q_base, m_start, stride_qm, b, hq, Lq, BLOCK_M, HEAD_DIM, USE_TMA, True)  # [BM, D]
 
-    doc_q = offs_m_abs  # placeholder of the right shape when there are no documents
-    DOC_K = DOC
-    if HAS_DOC:
-        if DOC_BATCHED:
-            DOC_K = DOC + b.to(tl.int64) * stride_doc_b
-        doc_q = tl.load(DOC_K + tl.minimum(offs_m_abs, q_offset + Lq - 1))
+    DOC_K, doc_q = doc_table(DOC, b, stride_doc_b, offs_m_abs, q_offset + Lq - 1, HAS_DOC, DOC_BATCHED)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
