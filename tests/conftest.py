@@ -38,3 +38,10 @@ def dense_of(mask_mod, Lq, Lk, B=1, H=1):
     q = (torch.arange(Lq) + off).view(1, 1, Lq, 1)
     k = torch.arange(Lk).view(1, 1, 1, Lk)
     return torch.broadcast_to(mask_mod(b, h, q, k), (B, H, Lq, Lk))
+
+
+def run_fresh_python(code: str) -> None:
+    """Run ``code`` in a new interpreter without TRITON_INTERPRET, as a user's fresh process would start."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -39,11 +39,10 @@ def test_notebooks_define_no_kernels_and_hide_widgets(path):
 
 
 def test_import_sparseattn_does_not_import_plotly_or_touch_the_gpu():
-    import subprocess
+    from conftest import run_fresh_python
     code = ("import sys, sparseattn; "
             "assert 'plotly' not in sys.modules and 'ipywidgets' not in sys.modules; "
             "assert 'sparseattn.kernels.prefill_fwd' not in sys.modules; "
             "import torch; assert not torch.cuda.is_initialized(); "
             "import os; assert 'TRITON_INTERPRET' not in os.environ")
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    run_fresh_python(code)

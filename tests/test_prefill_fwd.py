@@ -221,16 +221,14 @@ def test_pointer_and_descriptor_paths(name, tma):
 
 
 def test_interpreter_works_when_triton_was_imported_first():
-    import subprocess
-    import sys
+    from conftest import run_fresh_python
     code = ("import os, torch, triton\n"  # triton imported before sparseattn chose the interpreter
             "import sparseattn as sa\n"
             "lay = sa.BlockLayout.from_mask_mod(sa.patterns.causal(), 32, 32, 16, 16, device='cpu')\n"
             "q = torch.randn(1, 1, 32, 16)\n"
             "err = (sa.sparse_attention(q, q, q, lay).double() - sa.reference_attention(q, q, q, lay.to_dense())).abs().max()\n"
             "assert err < 1e-5, err\n")
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    run_fresh_python(code)
 
 
 def test_tile_fallback_when_shared_memory_runs_out(monkeypatch):
