@@ -10,6 +10,7 @@ splitting), ``layout`` (building the block table vs FlexAttention's ``create_blo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -119,7 +120,7 @@ def _tile_flops(layout: BlockLayout, H: int, D: int) -> float:
     return tiles * 4.0 * layout.block_q * layout.block_k * D
 
 
-def _flex_fn(q, k, v, block_mask):
+def _flex_fn(q, k, v, block_mask, **kwargs):
     from torch.nn.attention.flex_attention import flex_attention
     import torch._dynamo
     cfg = torch._dynamo.config
@@ -128,7 +129,7 @@ def _flex_fn(q, k, v, block_mask):
     if hasattr(cfg, "cache_size_limit"):
         cfg.cache_size_limit = max(cfg.cache_size_limit, 1024)
     compiled = _flex_fn.__dict__.setdefault("compiled", torch.compile(flex_attention, dynamic=False))
-    return lambda: compiled(q, k, v, block_mask=block_mask)
+    return lambda: compiled(q, k, v, block_mask=block_mask, **kwargs)
 
 
 def _sdpa_fn(q, k, v, backend, causal):
@@ -395,52 +396,64 @@ def suite_backward(args) -> tuple:
     return results, table, cols
 
 
+def _decode_sweep_configs():
+    from .ops import DecodeConfig
+    for block_n in (64, 128):
+        for warps in (4, 8):
+            for stages in (2, 4):
+                for pps in (2, 4, 8, 16):
+                    for head_fastest in (False, True):
+                        yield DecodeConfig(block_n, warps, stages, pps, head_fastest)
+
+
+def _flex_decode_mask(block_keep: torch.Tensor, Hq: int, Hkv: int):
+    """A FlexAttention BlockMask for one query per row from kept 128-token blocks ``[B, Hkv, nb]`` (bool)."""
+    from torch.nn.attention.flex_attention import BlockMask
+    keep = block_keep.repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, nb]: the group shares the blocks
+    count = keep.sum(-1, dtype=torch.int32)[..., None]  # [B, Hq, 1]
+    order = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # kept blocks first
+    order = order[:, :, None, :].contiguous()  # [B, Hq, 1, nb]
+    # every kept block is full (no mask_mod call inside it); no partial blocks
+    return BlockMask.from_kv_blocks(torch.zeros_like(count), order, count, order, BLOCK_SIZE=128,
+                                    seq_lengths=(1, keep.shape[-1] * 128))
+
+
 def suite_decode(args) -> tuple:
-    """Decode over the paged cache (dense and with Quest selection) vs SDPA dense decode on contiguous KV."""
+    """Decode over the paged cache (dense and with Quest selection) vs SDPA (cuDNN, FA2) and FlexAttention
+    decode on contiguous KV holding the same keys and values."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from .ops import sparse_decode
     from .paged import PagedKVCache
-    from .routing import select_pages
+    from .routing import page_bounds, select_pages, select_pages_reference
     Hq, Hkv, D, dtype = 32, 8, 128, torch.bfloat16
     results, table = [], []
-    cases = [(8, 131072, 16, None), (8, 131072, 16, 0.13), (8, 131072, 64, 0.13), (32, 32768, 16, 0.16),
-             (1, 131072, 16, None), (8, 131072, 64, None)]
+    cases = [(8, 131072, 16, None), (8, 131072, 16, 0.13), (8, 131072, 64, 0.13), (8, 131072, 128, 0.13),
+             (32, 32768, 16, 0.16), (1, 131072, 16, None), (8, 131072, 64, None)]
+    if args.n:
+        cases = [c for c in cases if c[1] in {int(x) for x in args.n.split(",")}]
     for B, L, ps, keep in cases:
         torch.manual_seed(0)
         n_pages_seq = L // ps
+        kd = torch.randn(B, Hkv, L, D, device="cuda", dtype=dtype)  # contiguous copies for the baselines
+        vd = torch.randn_like(kd)
         cache = PagedKVCache(B * n_pages_seq, ps, Hkv, D, dtype=dtype, device="cuda", max_seqs=B,
                              max_pages_per_seq=n_pages_seq)
         for b in range(B):
-            kv = torch.randn(L, Hkv, D, device="cuda", dtype=dtype)
-            cache.append(b, kv, kv.flip(0))
-            del kv
+            cache.append(b, kd[b].transpose(0, 1), vd[b].transpose(0, 1))
         q = torch.randn(B, Hq, D, device="cuda", dtype=dtype)
+        q4 = q.view(B, Hq, 1, D)
         case = {"pattern": "dense" if keep is None else f"keep{keep:.2f}", "N": L, "B": B, "Hq": Hq, "Hkv": Hkv,
                 "D": D, "dtype": "bf16", "page_size": ps}
         full_bytes = 2 * B * Hkv * L * D * 2
         row = {"case": f"B={B} L={L // 1024}k ps={ps} " + case["pattern"]}
-        if keep is None:
-            ms = time_gpu(lambda: sparse_decode(q, cache))
-            results.append({"case": case, "impl": "sparseattn", "pass": "decode", "ms": ms,
-                            "bytes": full_bytes, "tbps": full_bytes / ms / 1e9})
-            row.update(ours_ms=round(ms, 4), TB_s=round(full_bytes / ms / 1e9, 2))
-        else:
-            topk = max(1, round(keep * n_pages_seq))
-            sel = select_pages(q, cache, topk)
-            sel_bytes = int(sel.count.sum()) * ps * D * 2 * 2
-            ms = time_gpu(lambda: sparse_decode(q, cache, pages=sel))
-            ms_sel = time_gpu(lambda: select_pages(q, cache, topk))
-            ms_step = time_gpu(lambda: sparse_decode(q, cache, pages=select_pages(q, cache, topk)))
-            results.append({"case": case, "impl": "sparseattn", "pass": "decode", "ms": ms, "bytes": sel_bytes,
-                            "tbps": sel_bytes / ms / 1e9, "keep_fraction": sel_bytes / full_bytes})
-            results.append({"case": case, "impl": "sparseattn", "pass": "select", "ms": ms_sel})
-            results.append({"case": case, "impl": "sparseattn", "pass": "select+decode", "ms": ms_step})
-            row.update(ours_ms=round(ms, 4), TB_s=round(sel_bytes / ms / 1e9, 2), select_ms=round(ms_sel, 4),
-                       step_ms=round(ms_step, 4))
-        # contiguous dense KV for SDPA (same bytes as the full cache)
-        kd = torch.randn(B, Hkv, L, D, device="cuda", dtype=dtype)
-        vd = torch.randn_like(kd)
-        q4 = q.view(B, Hq, 1, D)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def record(impl, pass_, ms, nbytes=None, **extra):
+            r = {"case": case, "impl": impl, "pass": pass_, "ms": ms, **extra}
+            if nbytes is not None and ms:
+                r.update(bytes=nbytes, tbps=nbytes / ms / 1e9)
+            results.append(r)
+
+        # SDPA dense decode on contiguous KV (same bytes as the full cache)
         for impl, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             def run(be=be):
                 with sdpa_kernel(be):
@@ -448,15 +461,92 @@ def suite_decode(args) -> tuple:
             try:
                 ms_b = time_gpu(run)
             except RuntimeError as e:
-                results.append({"case": {**case, "pattern": "dense"}, "impl": impl, "pass": "decode", "ms": None,
-                                "error": str(e)[:200]})
+                record(impl, "decode dense", None, error=str(e)[:200])
                 continue
-            results.append({"case": {**case, "pattern": "dense"}, "impl": impl, "pass": "decode", "ms": ms_b,
-                            "tbps": full_bytes / ms_b / 1e9})
-            row[f"{impl}_dense_ms"] = round(ms_b, 4)
+            record(impl, "decode dense", ms_b, full_bytes)
+            row[f"{impl}_dense"] = round(ms_b, 4)
+        ref_dense = torch.nn.functional.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True)[:, :, 0]
+        if keep is None:
+            ms = time_gpu(lambda: sparse_decode(q, cache))
+            err = _rel_err(sparse_decode(q, cache), ref_dense)  # same keys and values, paged vs contiguous
+            record("sparseattn", "decode", ms, full_bytes, rel_err_vs_sdpa=err)
+            row.update(ours=round(ms, 4), TB_s=round(full_bytes / ms / 1e9, 2))
+            if not args.no_flex:
+                ms_f = time_gpu(_flex_fn(q4, kd, vd, None, enable_gqa=True))
+                record("flex", "decode dense", ms_f, full_bytes)
+                row["flex"] = round(ms_f, 4)
+        else:
+            topk = max(1, round(keep * n_pages_seq))
+            sel = select_pages(q, cache, topk)
+            sel_bytes = int(sel.count.sum()) * ps * D * 2 * 2
+            ms = time_gpu(lambda: sparse_decode(q, cache, pages=sel))
+            ms_sel = time_gpu(lambda: select_pages(q, cache, topk))
+            ms_sel_eager = time_gpu(lambda: select_pages_reference(q, cache, topk))
+            ms_step = time_gpu(lambda: sparse_decode(q, cache, pages=select_pages(q, cache, topk)))
+            # the same step captured once in a CUDA graph (fixed capacity: one graph for every step)
+            graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    sparse_decode(q, cache, pages=select_pages(q, cache, topk))
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph):
+                o_graph = sparse_decode(q, cache, pages=select_pages(q, cache, topk))
+            ms_graph = time_gpu(graph.replay)
+            record("sparseattn", "decode", ms, sel_bytes, keep_fraction=sel_bytes / full_bytes)
+            record("sparseattn", "select", ms_sel)
+            record("torch eager (reference)", "select", ms_sel_eager)
+            record("sparseattn", "select+decode", ms_step)
+            record("sparseattn", "select+decode (CUDA graph)", ms_graph,
+                   graph_equals_eager=bool(torch.equal(o_graph, sparse_decode(q, cache, pages=sel))))
+            row.update(ours=round(ms, 4), TB_s=round(sel_bytes / ms / 1e9, 2), select=round(ms_sel, 4),
+                       step=round(ms_step, 4), graph=round(ms_graph, 4))
+            if not args.no_flex:
+                # FlexAttention keeps the same fraction of 128-token blocks: the blocks with the best Quest
+                # bound (max of their pages' bounds), first and last forced. With ps=128 these are exactly our
+                # pages, and the outputs are compared.
+                nb = L // 128
+                if ps == 128:
+                    block_keep = torch.zeros(B, Hkv, nb, dtype=torch.bool, device="cuda")
+                    valid = torch.arange(sel.capacity, device="cuda") < sel.count[..., None]
+                    block_keep.scatter_(2, sel.index.long(), valid)
+                else:
+                    block_keep = torch.zeros(B, Hkv, nb, dtype=torch.bool, device="cuda")
+                    bb = page_bounds(q, cache).view(B, Hkv, nb, 128 // ps).amax(-1)  # [B, Hkv, nb]
+                    bb[..., 0] = bb[..., -1] = float("inf")
+                    block_keep.scatter_(2, bb.topk(max(1, round(keep * nb)), dim=-1).indices, True)
+                bm = _flex_decode_mask(block_keep, Hq, Hkv)
+                flex_bytes = int(block_keep.sum()) * 128 * D * 2 * 2
+                fn = _flex_fn(q4, kd, vd, bm, enable_gqa=True)
+                ms_f = time_gpu(fn)
+                extra = {}
+                if ps == 128:  # the same pages: the outputs must agree
+                    extra["rel_err_vs_ours"] = _rel_err(fn()[:, :, 0], sparse_decode(q, cache, pages=sel))
+                    row["flex_err"] = f"{extra['rel_err_vs_ours']:.1e}"
+                record("flex", "decode block mask", ms_f, flex_bytes, **extra)
+                row["flex"] = round(ms_f, 4)
+        if args.sweep and ps == 16:  # the tile configs, on the page size of the targets
+            sweep = {}
+            for cfg in _decode_sweep_configs():
+                fn = (lambda cfg=cfg: sparse_decode(q, cache, _config=cfg)) if keep is None else \
+                    (lambda cfg=cfg: sparse_decode(q, cache, pages=sel, _config=cfg))
+                try:
+                    sweep[cfg] = time_gpu(fn, warmup_ms=10, rep_ms=40)
+                except Exception as e:  # a config the GPU cannot compile is recorded, not fatal
+                    results.append({"case": case, "impl": "sparseattn", "pass": "sweep", "config": dataclasses.asdict(cfg),
+                                    "ms": None, "error": str(e)[:120]})
+                    continue
+                results.append({"case": case, "impl": "sparseattn", "pass": "sweep", "config": dataclasses.asdict(cfg),
+                                "ms": sweep[cfg]})
+            best = min(sweep, key=sweep.get)
+            row["sweep_best"] = round(sweep[best], 4)
+            row["best_cfg"] = f"{best.block_n}/{best.num_warps}w/{best.num_stages}s/{best.programs_per_sm}pps" \
+                              f"{'/hf' if best.head_fastest else ''}"
         table.append(row)
+        del cache, kd, vd
         torch.cuda.empty_cache()
-    cols = ["case", "ours_ms", "TB_s", "select_ms", "step_ms", "cudnn_dense_ms", "fa2_dense_ms"]
+    cols = ["case", "ours", "TB_s", "select", "step", "graph", "cudnn_dense", "fa2_dense", "flex", "flex_err",
+            "sweep_best", "best_cfg"]
     return results, table, cols
 
 

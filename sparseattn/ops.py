@@ -12,7 +12,7 @@ from .layout import BlockLayout
 from .predicates import Predicate, kernel_predicate
 from .reference import check_qkv
 
-__all__ = ["sparse_attention", "sparse_decode", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
+__all__ = ["sparse_attention", "sparse_decode", "DecodeConfig", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -443,17 +443,33 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-def decode_splits(B: int, Hkv: int, capacity_tokens: int, block_n: int, device: torch.device):
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int = 64  # tokens per step (a step may span several pages or part of one)
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 2  # split-KV target: about this many programs per SM over the whole launch
+    head_fastest: bool = False  # launch order: the KV heads of one split next to each other (they share rows)
+
+
+def _decode_config(interpreter: bool) -> DecodeConfig:
+    if interpreter:
+        return DecodeConfig(num_stages=1)
+    return DecodeConfig()
+
+
+def decode_splits(B: int, Hkv: int, capacity_tokens: int, block_n: int, device: torch.device,
+                  programs_per_sm: int = 2):
     """Split count from shapes and capacity only (never from data), so one CUDA graph serves every step:
-    enough programs to cover the GPU twice even at batch 1, never more splits than key blocks."""
+    about ``programs_per_sm`` programs per SM even at batch 1, never more splits than key blocks."""
     max_blocks = max(1, math.ceil(capacity_tokens / block_n))
-    n_splits = min(max_blocks, max(1, math.ceil(2 * _num_sms(device) / (B * Hkv))))
+    n_splits = min(max_blocks, max(1, math.ceil(programs_per_sm * _num_sms(device) / (B * Hkv))))
     per_split = math.ceil(max_blocks / n_splits)
     return math.ceil(max_blocks / per_split), per_split
 
 
 def sparse_decode(q: torch.Tensor, cache, pages=None, seqs=None, scale: Optional[float] = None,
-                  return_lse: bool = False):
+                  return_lse: bool = False, *, _config: Optional[DecodeConfig] = None):
     """One new query per sequence against its paged KV cache.
 
     q ``[B, Hq, D]``; row b is sequence ``seqs[b]`` (default b). ``pages=None`` attends to every page;
@@ -492,20 +508,23 @@ def sparse_decode(q: torch.Tensor, cache, pages=None, seqs=None, scale: Optional
     q = _last_dim_contiguous(q)
     group = Hq // Hkv
     block_g = max(16, 1 << (group - 1).bit_length())
-    block_n = 64
+    cfg = _config or _decode_config(interpreter)
     cap_pages = pages.capacity if pages is not None else cache.max_pages_per_seq
-    n_splits, per_split = decode_splits(B, Hkv, cap_pages * cache.page_size, block_n, q.device)
+    n_splits, per_split = decode_splits(B, Hkv, cap_pages * cache.page_size, cfg.block_n, q.device,
+                                        cfg.programs_per_sm)
     o_part = torch.empty(B, Hq, n_splits, D, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(B, Hq, n_splits, device=q.device, dtype=torch.float32)
     kp, vp = cache.k_pages, cache.v_pages
     sel_index = pages.index if pages is not None else cache.seq_lens
     sel_count = pages.count if pages is not None else cache.seq_lens
-    kernels.decode_split_kernel[(n_splits, B, Hkv)](
+    grid = (Hkv, n_splits, B) if cfg.head_fastest else (n_splits, Hkv, B)
+    kernels.decode_split_kernel[grid](
         q, kp, vp, cache.page_table, cache.seq_lens, seqs_t, sel_index, sel_count, o_part, lse_part,
         q.stride(0), q.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), vp.stride(0), vp.stride(1), vp.stride(2),
         cache.page_table.stride(0), Hq, Hkv, group, n_splits, per_split, cap_pages, scale * LOG2E,
-        HEAD_DIM=D, PAGE_SIZE=cache.page_size, BLOCK_G=block_g, BLOCK_N=block_n, USE_SEL=pages is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=1 if interpreter else 3)
+        HEAD_DIM=D, PAGE_SIZE=cache.page_size, BLOCK_G=block_g, BLOCK_N=cfg.block_n, USE_SEL=pages is not None,
+        HEAD_FASTEST=cfg.head_fastest, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     o = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32)
     kernels.merge_splits_kernel[(B * Hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(1), Hq, n_splits,

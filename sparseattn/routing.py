@@ -14,10 +14,14 @@ from __future__ import annotations
 
 
 import torch
+import triton
 
+from . import _runtime
 from .paged import PagedKVCache, PageSelection
 
-__all__ = ["page_bounds", "select_pages"]
+_TOPK_BLOCK = 8192  # pages of one row kept in registers by the top-k kernel
+
+__all__ = ["page_bounds", "select_pages", "page_bounds_reference", "select_pages_reference"]
 
 
 def _seqs_tensor(seqs, B: int, device) -> torch.Tensor:
@@ -29,9 +33,10 @@ def _seqs_tensor(seqs, B: int, device) -> torch.Tensor:
     return seqs
 
 
-def page_bounds(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor:
-    """Upper bound of ``scale``-free ``q . k`` per (row, KV head, logical page): float32 ``[B, Hkv, P_max]``;
-    pages past a sequence's end get ``-inf``."""
+def page_bounds_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor:
+    """Eager reference of :func:`page_bounds` (the spec the kernel is tested against): upper bound of
+    ``scale``-free ``q . k`` per (row, KV head, logical page), float32 ``[B, Hkv, P_max]``; pages past a
+    sequence's end get ``-inf``."""
     B, Hq, D = q.shape
     Hkv = cache.num_kv_heads
     seqs_t = _seqs_tensor(seqs, B, q.device)
@@ -47,12 +52,7 @@ def page_bounds(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor
     return torch.where(live[:, None, :], bound, torch.full_like(bound, float("-inf")))
 
 
-def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, always_first: int = 1,
-                 always_last: int = 1) -> PageSelection:
-    """The ``topk`` pages of highest bound per (row, KV head), always including the first ``always_first``
-    and last ``always_last`` pages of each sequence (they count towards ``topk``; with ``topk`` below their
-    number, which forced pages are kept is unspecified); clamped to the sequence's page count. Capacity (the selection's P)
-    is ``min(topk, max_pages_per_seq)``, fixed by shapes; no host synchronisation."""
+def _check_select_args(q, cache, topk, always_first, always_last) -> int:
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be a [B, Hq, D] tensor, got {getattr(q, 'shape', type(q).__name__)}")
     if not isinstance(cache, PagedKVCache):
@@ -63,11 +63,66 @@ def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, alw
                          f"D={cache.head_dim})")
     if q.device != cache.device:
         raise ValueError(f"q is on {q.device} but the cache is on {cache.device}")
+    if q.dtype != cache.dtype:
+        raise TypeError(f"q is {q.dtype} but the cache holds {cache.dtype}")
+    from .ops import SUPPORTED_HEAD_DIMS
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {D} is not supported (one of {SUPPORTED_HEAD_DIMS})")
     for name, val in (("topk", topk), ("always_first", always_first), ("always_last", always_last)):
         if isinstance(val, bool) or not isinstance(val, int) or val < (1 if name == "topk" else 0):
             raise ValueError(f"{name} must be an int >= {1 if name == 'topk' else 0}, got {val!r}")
+    return B
+
+
+def page_bounds(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor:
+    """Upper bound of ``scale``-free ``q . k`` per (row, KV head, logical page): float32 ``[B, Hkv, P_max]``,
+    the max over the query heads of each GQA group; pages past a sequence's end get ``-inf``. One Triton
+    launch that reads the per-page key bounds through the page table (:func:`page_bounds_reference` is the
+    eager spec)."""
+    _check_select_args(q, cache, 1, 0, 0)
+    B, Hq, D = q.shape
+    Hkv, P_max = cache.num_kv_heads, cache.max_pages_per_seq
     seqs_t = _seqs_tensor(seqs, B, q.device)
+    kernels = _runtime.load_kernels("select")
+    group = Hq // Hkv
+    bound = torch.empty(B, Hkv, P_max, device=q.device, dtype=torch.float32)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    block_p = 64
+    kernels.page_bound_kernel[(triton.cdiv(P_max, block_p), B, Hkv)](
+        q, cache.k_min, cache.k_max, cache.page_table, cache.seq_lens, seqs_t, bound,
+        q.stride(0), q.stride(1), cache.k_min.stride(0), cache.k_min.stride(1), cache.page_table.stride(0),
+        Hkv, group, P_max, HEAD_DIM=D, PAGE_SIZE=cache.page_size, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_P=block_p, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
+    return bound
+
+
+def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, always_first: int = 1,
+                 always_last: int = 1) -> PageSelection:
+    """The ``topk`` pages of highest bound per (row, KV head), always including the first ``always_first``
+    and last ``always_last`` pages of each sequence (they count towards ``topk``; with ``topk`` below their
+    number, which forced pages are kept is unspecified); clamped to the sequence's page count. Capacity (the selection's P)
+    is ``min(topk, max_pages_per_seq)``, fixed by shapes; no host synchronisation."""
+    B = _check_select_args(q, cache, topk, always_first, always_last)
+    seqs_t = _seqs_tensor(seqs, B, q.device)
+    capacity = min(topk, cache.max_pages_per_seq)
     bound = page_bounds(q, cache, seqs_t)  # [B, Hkv, P_max]
+    kernels = _runtime.load_kernels("select")
+    Hkv, P_max = cache.num_kv_heads, cache.max_pages_per_seq
+    index = torch.zeros(B, Hkv, capacity, device=q.device, dtype=torch.int32)
+    count = torch.empty(B, Hkv, device=q.device, dtype=torch.int32)
+    block_p = min(_TOPK_BLOCK, max(16, triton.next_power_of_2(P_max)))
+    kernels.topk_pages_kernel[(B, Hkv)](bound, cache.seq_lens, seqs_t, index, count, Hkv, P_max, capacity,
+                                        always_first, always_last, PAGE_SIZE=cache.page_size, BLOCK_P=block_p,
+                                        ONE_BLOCK=P_max <= block_p, num_warps=8 if block_p >= 4096 else 4)
+    return PageSelection(index, count, trusted=True)
+
+
+def select_pages_reference(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, always_first: int = 1,
+                           always_last: int = 1) -> PageSelection:
+    """Eager reference of :func:`select_pages` (torch.topk and sort): same pages, same order."""
+    B = _check_select_args(q, cache, topk, always_first, always_last)
+    seqs_t = _seqs_tensor(seqs, B, q.device)
+    bound = page_bounds_reference(q, cache, seqs_t)  # [B, Hkv, P_max]
     P_max = cache.max_pages_per_seq
     n_pages = ((cache.seq_lens[seqs_t.long()] + cache.page_size - 1) // cache.page_size).long()  # [B]
     pages = torch.arange(P_max, device=q.device)[None, :]

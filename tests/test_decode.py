@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 import sparseattn as sa
 from sparseattn import PagedKVCache, PageSelection
-from sparseattn.routing import page_bounds
+from sparseattn import routing
+from sparseattn.routing import page_bounds, page_bounds_reference, select_pages_reference
 
 
 def make_cache(page_size=16, Hkv=2, D=32, lens=(100, 37, 1), dtype=torch.float32, num_pages=64, max_pages=16):
@@ -177,3 +178,51 @@ def test_select_pages_is_the_top_k_of_its_bound_plus_forced_pages():
             want = sorted(sorted(rest, key=lambda p: -float(bound[b, h, p]))[: min(5, n) - 2])
             assert chosen == sorted({0, n - 1, *want})
     PageSelection(sel.index, sel.count, cache=cache)  # valid by construction
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("group", [1, 4])
+def test_page_bound_kernel_matches_its_reference(dtype, group):
+    cache = make_cache(page_size=16, Hkv=2, lens=(150, 37, 1, 0), dtype=dtype, max_pages=12)
+    q = torch.randn(3, 2 * group, 32, dtype=dtype)
+    got = page_bounds(q, cache, seqs=[0, 2, 3])
+    want = page_bounds_reference(q, cache, seqs=[0, 2, 3])
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    assert fin.sum() == 2 * (10 + 1)  # 10 pages of sequence 0, 1 of sequence 2, none of the empty one
+    torch.testing.assert_close(got[fin], want[fin], atol=1e-4, rtol=1e-5)
+
+
+def _same_selection(a, b):
+    assert torch.equal(a.count, b.count), (a.count, b.count)
+    for r in range(a.count.shape[0]):
+        for h in range(a.count.shape[1]):
+            c = int(a.count[r, h])
+            assert torch.equal(a.index[r, h, :c], b.index[r, h, :c]), (r, h)
+
+
+@pytest.mark.parametrize("one_block", [True, False])
+def test_select_pages_kernel_matches_topk_and_sort(one_block, monkeypatch):
+    if not one_block:  # rows longer than the register block: the kernel streams the row in chunks
+        monkeypatch.setattr(routing, "_TOPK_BLOCK", 16)
+    cache = make_cache(page_size=16, Hkv=2, lens=(600, 60, 0, 17), num_pages=64, max_pages=40)
+    q = torch.randn(4, 4, 32)
+    for topk in (1, 2, 3, 7, 39, 40, 100):
+        for first, last in ((1, 1), (0, 0), (3, 2)):
+            if topk < first + last:  # which forced pages stay is unspecified then
+                continue
+            got = sa.select_pages(q, cache, topk, always_first=first, always_last=last)
+            assert got.capacity == min(topk, 40)
+            _same_selection(got, select_pages_reference(q, cache, topk, always_first=first, always_last=last))
+            got.validate(cache)
+
+
+def test_select_pages_ties_go_to_lower_pages():
+    """Identical pages have identical bounds: the threshold falls inside the tie, lower pages win."""
+    cache = PagedKVCache(16, 16, 1, 16, dtype=torch.float32, device="cpu", max_seqs=1, max_pages_per_seq=16)
+    page = torch.randint(-4, 5, (16, 1, 16)).float()  # small integers: every bound is exact, so ties are exact
+    cache.append(0, page.repeat(10, 1, 1), page.repeat(10, 1, 1))  # 10 equal pages
+    q = torch.randint(-4, 5, (1, 2, 16)).float()
+    assert (page_bounds(q, cache)[0, 0, :10] == page_bounds(q, cache)[0, 0, 0]).all()
+    sel = sa.select_pages(q, cache, topk=4, always_first=0, always_last=1)
+    assert sel.count.tolist() == [[4]] and sel.index[0, 0].tolist() == [0, 1, 2, 9]

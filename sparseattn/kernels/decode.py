@@ -1,6 +1,6 @@
 """Decode attention over a paged KV cache, split across programs (flash-decoding), then merged.
 
-``decode_split_kernel``: one program per (split, sequence, KV head). The query heads of the GQA group share
+``decode_split_kernel``: one program per (split, KV head, sequence). The query heads of the GQA group share
 the program (they are the rows of the score tile), so K and V of a page are read once per group. A program
 walks a fixed range of *virtual* tokens: the concatenation of the selected pages (or of all pages), and
 translates each token to its physical page inside the load (virtual page -> logical page via the selection
@@ -25,11 +25,15 @@ def decode_split_kernel(
     stride_pt,
     Hq, Hkv, group, n_splits, blocks_per_split, sel_capacity, scale_log2,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_SEL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_SEL: tl.constexpr, HEAD_FASTEST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    split = tl.program_id(0)
-    b = tl.program_id(1)
-    hkv = tl.program_id(2)
+    if HEAD_FASTEST:  # neighbouring programs read the other heads of the same token rows
+        hkv = tl.program_id(0)
+        split = tl.program_id(1)
+    else:  # neighbouring programs read the next token ranges of the same head
+        split = tl.program_id(0)
+        hkv = tl.program_id(1)
+    b = tl.program_id(2)
     seq = tl.load(SEQS + b)
     seq_len = tl.load(SEQ_LENS + seq)
     if USE_SEL:
