@@ -38,9 +38,11 @@ def page_bound_kernel(
     off_m = phys[:, None] * stride_mp + hkv * stride_mh + offs_d[None, :]
     b_kmax = tl.load(K_MAX + off_m, mask=live[:, None], other=0.0)  # [BP, D]
     b_kmin = tl.load(K_MIN + off_m, mask=live[:, None], other=0.0)
-    zero = tl.zeros_like(b_q)
-    b_b = tl.dot(tl.maximum(b_q, zero), tl.trans(b_kmax), input_precision=DOT_PRECISION)  # [BG, BP]
-    b_b = tl.dot(tl.minimum(b_q, zero), tl.trans(b_kmin), b_b, input_precision=DOT_PRECISION)
+    # relu(q) and min(q, 0) are exact in q's dtype (Triton computes bf16 max/min in fp32: cast back)
+    b_qpos = tl.where(b_q > 0, b_q, 0.0).to(b_kmax.dtype)
+    b_qneg = tl.where(b_q < 0, b_q, 0.0).to(b_kmin.dtype)
+    b_b = tl.dot(b_qpos, tl.trans(b_kmax), input_precision=DOT_PRECISION)  # [BG, BP]
+    b_b = tl.dot(b_qneg, tl.trans(b_kmin), b_b, input_precision=DOT_PRECISION)
     b_b = tl.where(g_ok[:, None], b_b, float("-inf"))
     b_bound = tl.where(live, tl.max(b_b, 0), float("-inf"))  # [BP]
     tl.store(BOUND + (b * Hkv + hkv).to(tl.int64) * P_max + offs_p, b_bound, mask=offs_p < P_max)
