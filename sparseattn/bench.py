@@ -400,8 +400,8 @@ def _decode_sweep_configs():
     from .ops import DecodeConfig
     for block_n in (64, 128):
         for warps in (4, 8):
-            for stages in (2, 4):
-                for pps in (2, 4, 8, 16):
+            for stages in (2, 3):
+                for pps in (4, 8, 16, 32):
                     for head_fastest in (False, True):
                         yield DecodeConfig(block_n, warps, stages, pps, head_fastest)
 

@@ -445,11 +445,12 @@ def _num_sms(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class DecodeConfig:
+    # defaults: best over four target cases of the H200 sweep (``python -m sparseattn.bench decode --sweep``)
     block_n: int = 64  # tokens per step (a step may span several pages or part of one)
     num_warps: int = 4
-    num_stages: int = 3
-    programs_per_sm: int = 2  # split-KV target: about this many programs per SM over the whole launch
-    head_fastest: bool = False  # launch order: the KV heads of one split next to each other (they share rows)
+    num_stages: int = 2
+    programs_per_sm: int = 16  # split-KV target: about this many programs per SM over the whole launch
+    head_fastest: bool = True  # launch order: the KV heads of one split next to each other (they share rows)
 
 
 def _decode_config(interpreter: bool) -> DecodeConfig:
@@ -458,12 +459,12 @@ def _decode_config(interpreter: bool) -> DecodeConfig:
     return DecodeConfig()
 
 
-def decode_splits(B: int, Hkv: int, capacity_tokens: int, block_n: int, device: torch.device,
-                  programs_per_sm: int = 2):
-    """Split count from shapes and capacity only (never from data), so one CUDA graph serves every step:
-    about ``programs_per_sm`` programs per SM even at batch 1, never more splits than key blocks."""
+def decode_splits(B: int, Hkv: int, capacity_tokens: int, block_n: int, num_sms: int, programs_per_sm: int):
+    """``(n_splits, blocks_per_split)`` from shapes and capacity only (never from data), so one CUDA graph
+    serves every step: about ``programs_per_sm`` programs per SM even at batch 1 (many small programs also
+    shrink the last, partly filled wave), never more splits than key blocks."""
     max_blocks = max(1, math.ceil(capacity_tokens / block_n))
-    n_splits = min(max_blocks, max(1, math.ceil(programs_per_sm * _num_sms(device) / (B * Hkv))))
+    n_splits = min(max_blocks, max(1, math.ceil(programs_per_sm * num_sms / (B * Hkv))))
     per_split = math.ceil(max_blocks / n_splits)
     return math.ceil(max_blocks / per_split), per_split
 
@@ -510,7 +511,7 @@ def sparse_decode(q: torch.Tensor, cache, pages=None, seqs=None, scale: Optional
     block_g = max(16, 1 << (group - 1).bit_length())
     cfg = _config or _decode_config(interpreter)
     cap_pages = pages.capacity if pages is not None else cache.max_pages_per_seq
-    n_splits, per_split = decode_splits(B, Hkv, cap_pages * cache.page_size, cfg.block_n, q.device,
+    n_splits, per_split = decode_splits(B, Hkv, cap_pages * cache.page_size, cfg.block_n, _num_sms(q.device),
                                         cfg.programs_per_sm)
     o_part = torch.empty(B, Hq, n_splits, D, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(B, Hq, n_splits, device=q.device, dtype=torch.float32)
@@ -528,5 +529,5 @@ def sparse_decode(q: torch.Tensor, cache, pages=None, seqs=None, scale: Optional
     o = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32)
     kernels.merge_splits_kernel[(B * Hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(1), Hq, n_splits,
-                                           HEAD_DIM=D, NS=max(1, 1 << (n_splits - 1).bit_length()))
+                                           HEAD_DIM=D, BLOCK_S=min(32, max(2, 1 << (n_splits - 1).bit_length())))
     return (o, lse) if return_lse else o

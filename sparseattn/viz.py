@@ -450,15 +450,14 @@ def backward_figure(bwd: dict, fwd: dict) -> go.Figure:
 # chapter 7: decode over a paged KV cache
 # ---------------------------------------------------------------------------------------------------------
 def splits_figure(Hkv: int = 8, L: int = 131072, page_size: int = 16, sms: int = 132) -> go.Figure:
-    """Programs launched by split-KV decoding vs batch size, from shapes alone (the H200 has 132 SMs)."""
-    import math as _m
+    """Programs launched by split-KV decoding vs batch size, from shapes alone (the H200 has 132 SMs), with the
+    default :class:`DecodeConfig`."""
+    from .ops import DecodeConfig, decode_splits
+    cfg = DecodeConfig()
     Bs = [1, 2, 4, 8, 16, 32, 64]
     splits, progs = [], []
     for B in Bs:
-        max_blocks = _m.ceil(L / 64)
-        n = min(max_blocks, max(1, _m.ceil(2 * sms / (B * Hkv))))
-        per = _m.ceil(max_blocks / n)
-        n = _m.ceil(max_blocks / per)
+        n, _ = decode_splits(B, Hkv, L, cfg.block_n, sms, cfg.programs_per_sm)
         splits.append(n)
         progs.append(n * B * Hkv)
     fig = go.Figure()

@@ -8,7 +8,7 @@ translates each token to its physical page inside the load (virtual page -> logi
 independent: a tile may span several pages or part of one.
 
 ``merge_splits_kernel``: one program per (sequence, query head) merges the splits' (o, lse) states with the
-online-softmax law; empty splits (lse = -inf) contribute nothing.
+online-softmax law, a chunk of splits at a time (any split count fits); empty splits (lse = -inf) add nothing.
 """
 import triton
 import triton.language as tl
@@ -83,21 +83,30 @@ def decode_split_kernel(
 
 @triton.jit
 def merge_splits_kernel(O_PART, LSE_PART, O, LSE, stride_ob, stride_oh, Hq, n_splits,
-                        HEAD_DIM: tl.constexpr, NS: tl.constexpr):
+                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // Hq
     h = bh % Hq
-    offs_s = tl.arange(0, NS)
     offs_d = tl.arange(0, HEAD_DIM)
-    s_ok = offs_s < n_splits
-    b_lse = tl.load(LSE_PART + bh.to(tl.int64) * n_splits + offs_s, mask=s_ok, other=float("-inf"))  # [NS]
-    m = tl.max(b_lse, 0)
-    m_sub = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.where(b_lse == float("-inf"), 0.0, tl.exp(b_lse - m_sub))  # [NS]; empty splits weigh 0
-    total = tl.sum(w, 0)
-    b_o = tl.load(O_PART + (bh.to(tl.int64) * n_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=s_ok[:, None], other=0.0)  # [NS, D]
-    o = tl.sum(w[:, None] * b_o, 0) / tl.where(total == 0.0, 1.0, total)
-    lse = tl.where(total == 0.0, float("-inf"), m_sub + tl.log(tl.where(total == 0.0, 1.0, total)))
-    tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
+    # online merge over chunks of splits, so any split count fits in registers
+    m_i = tl.full([], float("-inf"), tl.float32)
+    l_i = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for start in range(0, n_splits, BLOCK_S):
+        offs_s = start + tl.arange(0, BLOCK_S)
+        s_ok = offs_s < n_splits
+        b_lse = tl.load(LSE_PART + bh.to(tl.int64) * n_splits + offs_s, mask=s_ok, other=float("-inf"))  # [BS]
+        m_new = tl.maximum(m_i, tl.max(b_lse, 0))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights exp(-inf) = 0
+        alpha = tl.exp(m_i - m_sub)
+        w = tl.exp(b_lse - m_sub)  # [BS]; empty splits (lse = -inf) weigh 0
+        b_o = tl.load(O_PART + (bh.to(tl.int64) * n_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=s_ok[:, None], other=0.0)  # [BS, D]
+        acc = acc * alpha + tl.sum(w[:, None] * b_o, 0)
+        l_i = l_i * alpha + tl.sum(w, 0)
+        m_i = m_new
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(l_safe))
+    tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, (acc / l_safe).to(O.dtype.element_ty))
     tl.store(LSE + bh, lse)

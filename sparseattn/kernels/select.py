@@ -82,7 +82,7 @@ def topk_pages_kernel(
     # [key(-inf) + 1, key(+inf)]; 33 halvings close a 2^32 range. lo, hi in int64 so lo + hi cannot overflow.
     lo = tl.full([], -2139095041 + 1, tl.int64)  # _sort_key(-inf) + 1  (-inf is 0xFF800000 -> 0x807FFFFF)
     hi = tl.full([], 2139095040, tl.int64)  # _sort_key(+inf) = 0x7F800000
-    for _ in range(33):
+    for _step in range(33):
         mid = lo + (hi - lo + 1) // 2
         mid32 = mid.to(tl.int32)
         if ONE_BLOCK:  # the row stays in registers
@@ -90,7 +90,7 @@ def topk_pages_kernel(
         else:
             cnt = 0
             for start in range(0, P_max, BLOCK_P):
-                _, c_live, c_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last, BLOCK_P)
+                _offs, c_live, c_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last, BLOCK_P)
                 cnt += tl.sum((c_live & (c_key >= mid32)).to(tl.int32), 0)
         ok = cnt >= k_eff
         lo = tl.where(ok, mid, lo)
@@ -102,7 +102,7 @@ def topk_pages_kernel(
     else:
         n_above = 0
         for start in range(0, P_max, BLOCK_P):
-            _, c_live, c_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last, BLOCK_P)
+            _offs, c_live, c_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last, BLOCK_P)
             n_above += tl.sum((c_live & (c_key > t)).to(tl.int32), 0)
     ties_left = k_eff - n_above
     written = 0
