@@ -528,6 +528,8 @@ def sparse_decode(q: torch.Tensor, cache, pages=None, seqs=None, scale: Optional
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     o = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32)
-    kernels.merge_splits_kernel[(B * Hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(1), Hq, n_splits,
-                                           HEAD_DIM=D, BLOCK_S=min(32, max(2, 1 << (n_splits - 1).bit_length())))
+    block_d = min(D, 32)
+    kernels.merge_splits_kernel[(B * Hq, D // block_d)](
+        o_part, lse_part, o, lse, o.stride(0), o.stride(1), Hq, n_splits, HEAD_DIM=D, BLOCK_D=block_d,
+        BLOCK_S=min(64, max(2, 1 << (n_splits - 1).bit_length())))
     return (o, lse) if return_lse else o

@@ -7,8 +7,9 @@ translates each token to its physical page inside the load (virtual page -> logi
 -> physical page via the page table): no gathered copy of K/V is ever made. Page size and tile size are
 independent: a tile may span several pages or part of one.
 
-``merge_splits_kernel``: one program per (sequence, query head) merges the splits' (o, lse) states with the
-online-softmax law, a chunk of splits at a time (any split count fits); empty splits (lse = -inf) add nothing.
+``merge_splits_kernel``: one program per (sequence, query head, slice of D) merges the splits' (o, lse)
+states with the online-softmax law, a chunk of splits at a time (any split count fits); empty splits
+(lse = -inf) add nothing.
 """
 import triton
 import triton.language as tl
@@ -83,15 +84,16 @@ def decode_split_kernel(
 
 @triton.jit
 def merge_splits_kernel(O_PART, LSE_PART, O, LSE, stride_ob, stride_oh, Hq, n_splits,
-                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     bh = tl.program_id(0)
+    dblk = tl.program_id(1)  # a slice of the head dim: at batch 1 there are only Hq rows to merge
     b = bh // Hq
     h = bh % Hq
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     # online merge over chunks of splits, so any split count fits in registers
     m_i = tl.full([], float("-inf"), tl.float32)
     l_i = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
     for start in range(0, n_splits, BLOCK_S):
         offs_s = start + tl.arange(0, BLOCK_S)
         s_ok = offs_s < n_splits
@@ -101,7 +103,7 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE, stride_ob, stride_oh, Hq, n_sp
         alpha = tl.exp(m_i - m_sub)
         w = tl.exp(b_lse - m_sub)  # [BS]; empty splits (lse = -inf) weigh 0
         b_o = tl.load(O_PART + (bh.to(tl.int64) * n_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                      mask=s_ok[:, None], other=0.0)  # [BS, D]
+                      mask=s_ok[:, None], other=0.0)  # [BS, BD]
         acc = acc * alpha + tl.sum(w[:, None] * b_o, 0)
         l_i = l_i * alpha + tl.sum(w, 0)
         m_i = m_new
@@ -109,4 +111,5 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE, stride_ob, stride_oh, Hq, n_sp
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(l_safe))
     tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, (acc / l_safe).to(O.dtype.element_ty))
-    tl.store(LSE + bh, lse)
+    if dblk == 0:
+        tl.store(LSE + bh, lse)
