@@ -452,12 +452,12 @@ def backward_figure(bwd: dict, fwd: dict) -> go.Figure:
 def splits_figure(Hkv: int = 8, L: int = 131072, page_size: int = 16, sms: int = 132) -> go.Figure:
     """Programs launched by split-KV decoding vs batch size, from shapes alone (the H200 has 132 SMs), with the
     default :class:`DecodeConfig`."""
-    from .ops import DecodeConfig, decode_splits
+    from .ops import DecodeConfig, decode_programs_per_sm, decode_splits
     cfg = DecodeConfig()
     Bs = [1, 2, 4, 8, 16, 32, 64]
     splits, progs = [], []
     for B in Bs:
-        n, _ = decode_splits(B, Hkv, L, cfg.block_n, sms, cfg.programs_per_sm)
+        n, _ = decode_splits(B, Hkv, L, cfg.block_n, sms, decode_programs_per_sm(cfg, B, Hkv, sms))
         splits.append(n)
         progs.append(n * B * Hkv)
     fig = go.Figure()
