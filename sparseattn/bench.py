@@ -3,7 +3,8 @@
 Each suite fits in one 10-minute GPU run, measures our kernels and the strongest baselines on the same
 work in the same process, prints a short table last and writes ``<suite>-<gpu>.json`` into ``--out``
 (default ``book/data/bench/``). Suites: ``prefill`` (forward kernel vs FlexAttention, cuDNN, FA2, naive),
-``decode`` (paged-cache decode, dense and Quest-selected, vs SDPA dense decode),
+``decode`` (paged-cache decode, dense and Quest-selected, vs SDPA and FlexAttention decode; ``--sweep``
+adds the tile/split configs), ``decode_keep`` (decode and the CUDA-graph step vs the fraction of pages kept),
 ``backward`` (deterministic and atomic backward vs FlexAttention, cuDNN, FA2; determinism; column
 splitting), ``layout`` (building the block table vs FlexAttention's ``create_block_mask``).
 """
@@ -484,14 +485,9 @@ def suite_decode(args) -> tuple:
             ms_sel_eager = time_gpu(lambda: select_pages_reference(q, cache, topk))
             ms_step = time_gpu(lambda: sparse_decode(q, cache, pages=select_pages(q, cache, topk)))
             # the same step captured once in a CUDA graph (fixed capacity: one graph for every step)
-            graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    sparse_decode(q, cache, pages=select_pages(q, cache, topk))
-            torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(graph):
-                o_graph = sparse_decode(q, cache, pages=select_pages(q, cache, topk))
+            graph_out = []
+            graph = _graph_step(lambda: graph_out.append(sparse_decode(q, cache, pages=select_pages(q, cache, topk))))
+            o_graph = graph_out[-1]  # the captured call's output buffer, rewritten by every replay
             ms_graph = time_gpu(graph.replay)
             record("sparseattn", "decode", ms, sel_bytes, keep_fraction=sel_bytes / full_bytes)
             record("sparseattn", "select", ms_sel)
@@ -550,8 +546,70 @@ def suite_decode(args) -> tuple:
     return results, table, cols
 
 
+def _graph_step(fn):
+    """Capture ``fn`` (fixed shapes, no host sync) in a CUDA graph after two warm-up calls; return the graph."""
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def suite_decode_keep(args) -> tuple:
+    """Decode time and effective bandwidth vs the fraction of pages kept, per batch; the whole step (select
+    + decode, CUDA graph) against dense decode through the cache and cuDNN on contiguous KV."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from .ops import sparse_decode
+    from .paged import PagedKVCache
+    from .routing import select_pages
+    Hq, Hkv, D, dtype, ps = 32, 8, 128, torch.bfloat16, 16
+    keeps = [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0]
+    results, table = [], []
+    for B, L in ((1, 131072), (8, 131072), (32, 32768)):
+        torch.manual_seed(0)
+        n_pages_seq = L // ps
+        kd = torch.randn(B, Hkv, L, D, device="cuda", dtype=dtype)
+        vd = torch.randn_like(kd)
+        cache = PagedKVCache(B * n_pages_seq, ps, Hkv, D, dtype=dtype, device="cuda", max_seqs=B,
+                             max_pages_per_seq=n_pages_seq)
+        for b in range(B):
+            cache.append(b, kd[b].transpose(0, 1), vd[b].transpose(0, 1))
+        q = torch.randn(B, Hq, D, device="cuda", dtype=dtype)
+        full_bytes = 2 * B * Hkv * L * D * 2
+        base = {"N": L, "B": B, "Hq": Hq, "Hkv": Hkv, "D": D, "dtype": "bf16", "page_size": ps}
+        ms_dense = time_gpu(lambda: sparse_decode(q, cache))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            q4 = q.view(B, Hq, 1, D)
+            ms_cudnn = time_gpu(lambda: torch.nn.functional.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True))
+        results.append({"case": {**base, "pattern": "dense"}, "impl": "sparseattn", "pass": "decode", "ms": ms_dense,
+                        "bytes": full_bytes, "tbps": full_bytes / ms_dense / 1e9})
+        results.append({"case": {**base, "pattern": "dense"}, "impl": "cudnn", "pass": "decode dense", "ms": ms_cudnn,
+                        "bytes": full_bytes, "tbps": full_bytes / ms_cudnn / 1e9})
+        for keep in keeps:
+            topk = max(1, round(keep * n_pages_seq))
+            sel = select_pages(q, cache, topk)
+            sel_bytes = int(sel.count.sum()) * ps * D * 2 * 2
+            ms = time_gpu(lambda: sparse_decode(q, cache, pages=sel))
+            graph = _graph_step(lambda: sparse_decode(q, cache, pages=select_pages(q, cache, topk)))
+            ms_step = time_gpu(graph.replay)
+            case = {**base, "pattern": f"keep{keep:.2f}", "keep": keep}
+            results.append({"case": case, "impl": "sparseattn", "pass": "decode", "ms": ms, "bytes": sel_bytes,
+                            "tbps": sel_bytes / ms / 1e9, "keep_fraction": sel_bytes / full_bytes})
+            results.append({"case": case, "impl": "sparseattn", "pass": "select+decode (CUDA graph)", "ms": ms_step})
+            table.append({"B": B, "L": L, "keep": keep, "decode_ms": round(ms, 4), "TB_s": round(sel_bytes / ms / 1e9, 2),
+                          "step_graph_ms": round(ms_step, 4), "dense_ms": round(ms_dense, 4),
+                          "cudnn_ms": round(ms_cudnn, 4)})
+        del cache, kd, vd
+        torch.cuda.empty_cache()
+    return results, table, ["B", "L", "keep", "decode_ms", "TB_s", "step_graph_ms", "dense_ms", "cudnn_ms"]
+
+
 SUITES = {"prefill": suite_prefill, "layout": suite_layout, "backward": suite_backward,
-          "decode": suite_decode}
+          "decode": suite_decode, "decode_keep": suite_decode_keep}
 
 
 def main(argv=None) -> int:
@@ -572,7 +630,7 @@ def main(argv=None) -> int:
         return 2
     if args.n is None:
         args.n = {"prefill": "4096,8192,16384,32768,65536", "layout": "32768,131072",
-                  "backward": "8192,32768", "decode": ""}[args.suite]
+                  "backward": "8192,32768", "decode": "", "decode_keep": ""}[args.suite]
     results, table, cols = SUITES[args.suite](args)
     path = write_json(args.suite, results, args.out)
     print(f"\nwrote {path}")
