@@ -474,8 +474,8 @@ def decode_splits(B: int, Hkv: int, capacity_tokens: int, block_n: int, num_sms:
     """``(n_splits, blocks_per_split)`` from shapes and capacity only (never from data), so one CUDA graph
     serves every step: about ``programs_per_sm`` programs per SM (many short programs also shrink the last,
     partly filled wave), at most ``DECODE_MAX_SPLITS`` per row while that still gives two programs per SM
-    (at batch 1 the merge of hundreds of splits costs more than the tail it trims; H200: 0.144 ms with 66
-    splits vs 0.154 with 256), never more splits than key blocks."""
+    (at batch 1 the merge of hundreds of splits per row costs more than the tail it trims: see the decode
+    entries of book/perf-notes.md), never more splits than key blocks."""
     rows = B * Hkv
     max_blocks = max(1, math.ceil(capacity_tokens / block_n))
     want = math.ceil(programs_per_sm * num_sms / rows)

@@ -493,23 +493,105 @@ def bound_figure(page_size: int = 16, L: int = 2048, seed: int = 0) -> go.Figure
     return fig
 
 
+_DECODE_SERIES = [  # (impl, pass, legend, color)
+    ("sparseattn", "decode", "ours: decode through the paged cache", COLORS["sparseattn"]),
+    ("sparseattn", "select+decode (CUDA graph)", "ours: select + decode, one CUDA graph", "#ff9896"),
+    ("cudnn", "decode dense", "cuDNN dense, contiguous KV", COLORS["cudnn"]),
+    ("fa2", "decode dense", "FlashAttention-2 dense, contiguous KV", COLORS["fa2"]),
+    ("flex", "decode dense", "FlexAttention dense", COLORS["flex"]),
+    ("flex", "decode block mask", "FlexAttention, same keep fraction in 128-token blocks", "#aec7e8"),
+]
+
+
 def decode_figure(doc: dict) -> go.Figure:
-    """Decode time per case: ours through the paged cache (dense or selected), selection and the whole
-    step, against SDPA's dense decode on contiguous KV."""
-    rows = {}
+    """Decode time per case from the ``decode`` suite: ours through the paged cache (dense or selected) and
+    the whole selected step, against SDPA dense decode and FlexAttention on contiguous KV."""
+    cases, cells = [], {}
     for r in doc["results"]:
+        if r["pass"] == "sweep" or r.get("ms") is None:
+            continue
         c = r["case"]
-        key = f"B={c['B']} L={c['N'] // 1024}k ps={c['page_size']}"
-        rows.setdefault(key, {})
-        label = r["impl"] if r["impl"] != "sparseattn" else f"ours {c['pattern']} ({r['pass']})"
-        if r.get("ms") is not None:
-            rows[key][label] = r["ms"]
-    keys = list(rows)
-    labels = sorted({lab for v in rows.values() for lab in v})
+        key = f"B={c['B']} L={c['N'] // 1024}k ps={c['page_size']}<br>{c['pattern']}"
+        if key not in cases:
+            cases.append(key)
+        cells[(key, r["impl"], r["pass"])] = r["ms"]
     fig = go.Figure()
-    for lab in labels:
-        fig.add_trace(go.Bar(x=keys, y=[rows[k].get(lab) for k in keys], name=lab))
+    for impl, pass_, name, color in _DECODE_SERIES:
+        ys = [cells.get((k, impl, pass_)) for k in cases]
+        if any(y is not None for y in ys):
+            fig.add_trace(go.Bar(x=cases, y=ys, name=name, marker_color=color))
     from .book import caption
-    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="ms (median)", height=480, title_font_size=12,
+    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="ms per decode step (median)", height=500,
+                      title_font_size=12, legend=dict(orientation="h", y=-0.25),
                       title=f"Decode, bf16, 32 query / 8 KV heads, D=128 ({caption(doc)})")
+    return fig
+
+
+def decode_keep_figure(doc: dict) -> go.Figure:
+    """From the ``decode_keep`` suite, per batch: decode and the whole step (select + decode), both in a
+    CUDA graph, vs the fraction of K/V bytes kept, against dense decode through the cache and cuDNN."""
+    batches = sorted({r["case"]["B"] for r in doc["results"]})
+    fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[
+        next(f"B={b}, L={r['case']['N'] // 1024}k" for r in doc["results"] if r["case"]["B"] == b) for b in batches])
+    for col, b in enumerate(batches, start=1):
+        rows = [r for r in doc["results"] if r["case"]["B"] == b]
+        for pass_, name, color in (("decode (CUDA graph)", "decode", COLORS["sparseattn"]),
+                                   ("select+decode (CUDA graph)", "select + decode", "#ff9896")):
+            pts = sorted((r["case"]["keep"], r["ms"]) for r in rows
+                         if r["pass"] == pass_ and r["impl"] == "sparseattn" and "keep" in r["case"])
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
+                                     line_color=color, legendgroup=name, showlegend=col == 1), row=1, col=col)
+        for impl, name, color in (("sparseattn", "dense decode through the cache", COLORS["sparseattn"]),
+                                  ("cudnn", "cuDNN dense, contiguous", COLORS["cudnn"])):
+            ms = next(r["ms"] for r in rows if r["impl"] == impl and r["case"]["pattern"] == "dense")
+            fig.add_trace(go.Scatter(x=[0, 1], y=[ms, ms], mode="lines", name=name, legendgroup=name,
+                                     line=dict(color=color, dash="dot"), showlegend=col == 1), row=1, col=col)
+        fig.update_xaxes(title_text="fraction of pages kept", row=1, col=col)
+    fig.update_yaxes(title_text="ms (median)", type="log", row=1, col=1)
+    for col in range(2, len(batches) + 1):
+        fig.update_yaxes(type="log", row=1, col=col)
+    from .book import caption
+    fig.update_layout(height=430, title_font_size=12, legend=dict(orientation="h", y=-0.25),
+                      title=f"Selected decode vs kept fraction, page size 16 ({caption(doc)})")
+    return fig
+
+
+def decode_bandwidth_figure(doc: dict) -> go.Figure:
+    """Effective bandwidth (bytes of the selected K/V / time, decode in a CUDA graph) vs the kept fraction,
+    one line per batch, from the ``decode_keep`` suite."""
+    fig = go.Figure()
+    for b in sorted({r["case"]["B"] for r in doc["results"]}):
+        pts = sorted((r["keep_fraction"], r["tbps"]) for r in doc["results"]
+                     if r["case"]["B"] == b and r["pass"] == "decode (CUDA graph)" and "keep_fraction" in r)
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                 name=f"B={b}"))
+    cud = [r["tbps"] for r in doc["results"] if r["impl"] == "cudnn"]
+    fig.add_hline(y=max(cud), line_dash="dot", annotation_text="cuDNN dense (best batch)")
+    from .book import caption
+    fig.update_layout(xaxis_title="fraction of K/V bytes selected", yaxis_title="effective TB/s", height=400,
+                      title_font_size=12, xaxis_type="log",
+                      title=f"Effective bandwidth of selected decode ({caption(doc)})")
+    return fig
+
+
+def decode_sweep_figure(doc: dict) -> go.Figure:
+    """The split-count sweep of the ``decode`` suite: time relative to the case's best config, vs programs per
+    SM, for the default tile (64 tokens, 4 warps, 2 stages, heads adjacent)."""
+    fig = go.Figure()
+    by_case = {}
+    for r in doc["results"]:
+        if r["pass"] != "sweep" or r.get("ms") is None:
+            continue
+        c = r["case"]
+        by_case.setdefault(f"B={c['B']} L={c['N'] // 1024}k {c['pattern']}", []).append(r)
+    for name, rows in by_case.items():
+        best = min(r["ms"] for r in rows)
+        pts = sorted((r["config"]["programs_per_sm"], r["ms"] / best) for r in rows
+                     if (r["config"]["block_n"], r["config"]["num_warps"], r["config"]["num_stages"],
+                         r["config"]["head_fastest"]) == (64, 4, 2, True))
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name))
+    from .book import caption
+    fig.update_layout(xaxis_title="split target: programs per SM", xaxis_type="log", height=400,
+                      yaxis_title="time / best config of the case", title_font_size=12,
+                      title=f"How many splits? ({caption(doc)})")
     return fig
