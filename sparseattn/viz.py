@@ -511,7 +511,7 @@ def decode_figure(doc: dict) -> go.Figure:
         if r["pass"] == "sweep" or r.get("ms") is None:
             continue
         c = r["case"]
-        key = f"B={c['B']} L={c['N'] // 1024}k ps={c['page_size']}<br>{c['pattern']}"
+        key = f"B={c['B']}, {c['N'] // 1024}k<br>ps {c['page_size']}<br>{c['pattern']}"
         if key not in cases:
             cases.append(key)
         cells[(key, r["impl"], r["pass"])] = r["ms"]
@@ -521,9 +521,9 @@ def decode_figure(doc: dict) -> go.Figure:
         if any(y is not None for y in ys):
             fig.add_trace(go.Bar(x=cases, y=ys, name=name, marker_color=color))
     from .book import caption
-    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="ms per decode step (median)", height=500,
-                      title_font_size=12, legend=dict(orientation="h", y=-0.25),
-                      title=f"Decode, bf16, 32 query / 8 KV heads, D=128 ({caption(doc)})")
+    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="ms per decode step (median)", height=560,
+                      title_font_size=12, legend=dict(orientation="h", y=-0.3), xaxis_tickangle=0,
+                      title=f"Decode, bf16, 32 query / 8 KV heads, D=128<br><sup>{caption(doc)}</sup>")
     return fig
 
 
@@ -552,7 +552,7 @@ def decode_keep_figure(doc: dict) -> go.Figure:
         fig.update_yaxes(type="log", row=1, col=col)
     from .book import caption
     fig.update_layout(height=430, title_font_size=12, legend=dict(orientation="h", y=-0.25),
-                      title=f"Selected decode vs kept fraction, page size 16 ({caption(doc)})")
+                      title=f"Selected decode vs kept fraction, page size 16<br><sup>{caption(doc)}</sup>")
     return fig
 
 
@@ -570,7 +570,7 @@ def decode_bandwidth_figure(doc: dict) -> go.Figure:
     from .book import caption
     fig.update_layout(xaxis_title="fraction of K/V bytes selected", yaxis_title="effective TB/s", height=400,
                       title_font_size=12, xaxis_type="log",
-                      title=f"Effective bandwidth of selected decode ({caption(doc)})")
+                      title=f"Effective bandwidth of selected decode (in a CUDA graph)<br><sup>{caption(doc)}</sup>")
     return fig
 
 
@@ -593,5 +593,5 @@ def decode_sweep_figure(doc: dict) -> go.Figure:
     from .book import caption
     fig.update_layout(xaxis_title="split target: programs per SM", xaxis_type="log", height=400,
                       yaxis_title="time / best config of the case", title_font_size=12,
-                      title=f"How many splits? ({caption(doc)})")
+                      title=f"How many splits? Default tile, other split targets<br><sup>{caption(doc)}</sup>")
     return fig
