@@ -518,7 +518,7 @@ def sparse_decode(q: torch.Tensor, cache, pages=None, seqs=None, scale: Optional
                              f"on {pages.index.device}")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    seqs_t = _seqs_tensor(seqs, B, q.device)
+    seqs_t = _seqs_tensor(seqs, B, q.device, cache.max_seqs)
     kernels = _runtime.load_kernels("decode")
     interpreter = _runtime.select_backend() == "interpreter"
     q = _last_dim_contiguous(q)
@@ -538,7 +538,8 @@ def sparse_decode(q: torch.Tensor, cache, pages=None, seqs=None, scale: Optional
     kernels.decode_split_kernel[grid](
         q, kp, vp, cache.page_table, cache.seq_lens, seqs_t, sel_index, sel_count, o_part, lse_part,
         q.stride(0), q.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), vp.stride(0), vp.stride(1), vp.stride(2),
-        cache.page_table.stride(0), Hq, Hkv, group, n_splits, per_split, cap_pages, scale * LOG2E,
+        cache.page_table.stride(0), cache.max_pages_per_seq, Hq, Hkv, group, n_splits, per_split, cap_pages,
+        scale * LOG2E,
         HEAD_DIM=D, PAGE_SIZE=cache.page_size, BLOCK_G=block_g, BLOCK_N=cfg.block_n, USE_SEL=pages is not None,
         HEAD_FASTEST=cfg.head_fastest, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -183,8 +183,9 @@ class PagedKVCache:
 class PageSelection:
     """Pages each (sequence, KV head) attends to: ``index int32 [B, Hkv, P]`` logical page numbers, ascending,
     the first ``count int32 [B, Hkv]`` of each row valid. Built by a user it is validated here (ValueError
-    for duplicates, unsorted or out-of-range pages; pass ``cache`` and ``seqs`` to check the range);
-    ``select_pages`` builds valid ones directly with ``trusted=True`` (no host sync)."""
+    for duplicates, unsorted or negative pages; pass ``cache`` and ``seqs`` to also reject pages past a
+    sequence's end, which otherwise select nothing); ``select_pages`` builds valid ones directly with
+    ``trusted=True`` (no host sync)."""
 
     def __init__(self, index: torch.Tensor, count: torch.Tensor, cache: Optional[PagedKVCache] = None,
                  seqs=None, trusted: bool = False):

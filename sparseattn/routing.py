@@ -24,13 +24,22 @@ _TOPK_BLOCK = 8192  # pages of one row kept in registers by the top-k kernel
 __all__ = ["page_bounds", "select_pages", "page_bounds_reference", "select_pages_reference"]
 
 
-def _seqs_tensor(seqs, B: int, device) -> torch.Tensor:
+def _seqs_tensor(seqs, B: int, device, max_seqs: int) -> torch.Tensor:
+    """Sequence of each query row as int32 on ``device``. Host values (lists, CPU tensors) are range-checked
+    here; a tensor already on the GPU is trusted, since checking it would synchronise."""
     if seqs is None:
+        if B > max_seqs:
+            raise ValueError(f"q has {B} rows but the cache holds at most max_seqs={max_seqs} sequences")
         return torch.arange(B, device=device, dtype=torch.int32)
-    seqs = torch.as_tensor(seqs, device=device).to(torch.int32)
+    if isinstance(seqs, torch.Tensor) and seqs.dtype.is_floating_point:
+        raise TypeError(f"seqs must hold integers, got {seqs.dtype}")
+    on_host = not (isinstance(seqs, torch.Tensor) and seqs.device.type != "cpu")
+    seqs = torch.as_tensor(seqs)
     if seqs.shape != (B,):
         raise ValueError(f"seqs must have shape [{B}] (one sequence per query row), got {tuple(seqs.shape)}")
-    return seqs
+    if on_host and B and (int(seqs.min()) < 0 or int(seqs.max()) >= max_seqs):
+        raise ValueError(f"seqs must be in [0, max_seqs={max_seqs}), got {seqs.tolist()}")
+    return seqs.to(device=device, dtype=torch.int32)
 
 
 def page_bounds_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor:
@@ -39,7 +48,7 @@ def page_bounds_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> to
     sequence's end get ``-inf``."""
     B, Hq, D = q.shape
     Hkv = cache.num_kv_heads
-    seqs_t = _seqs_tensor(seqs, B, q.device)
+    seqs_t = _seqs_tensor(seqs, B, q.device, cache.max_seqs)
     phys = cache.page_table[seqs_t.long()].long()  # [B, P]
     kmin = cache.k_min[phys].float()  # [B, P, Hkv, D]
     kmax = cache.k_max[phys].float()
@@ -82,7 +91,7 @@ def page_bounds(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor
     _check_select_args(q, cache, 1, 0, 0)
     B, Hq, D = q.shape
     Hkv, P_max = cache.num_kv_heads, cache.max_pages_per_seq
-    seqs_t = _seqs_tensor(seqs, B, q.device)
+    seqs_t = _seqs_tensor(seqs, B, q.device, cache.max_seqs)
     kernels = _runtime.load_kernels("select")
     group = Hq // Hkv
     bound = torch.empty(B, Hkv, P_max, device=q.device, dtype=torch.float32)
@@ -103,7 +112,7 @@ def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, alw
     number, which forced pages are kept is unspecified); clamped to the sequence's page count. Capacity (the selection's P)
     is ``min(topk, max_pages_per_seq)``, fixed by shapes; no host synchronisation."""
     B = _check_select_args(q, cache, topk, always_first, always_last)
-    seqs_t = _seqs_tensor(seqs, B, q.device)
+    seqs_t = _seqs_tensor(seqs, B, q.device, cache.max_seqs)
     capacity = min(topk, cache.max_pages_per_seq)
     bound = page_bounds(q, cache, seqs_t)  # [B, Hkv, P_max]
     kernels = _runtime.load_kernels("select")
@@ -121,7 +130,7 @@ def select_pages_reference(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs
                            always_last: int = 1) -> PageSelection:
     """Eager reference of :func:`select_pages` (torch.topk and sort): same pages, same order."""
     B = _check_select_args(q, cache, topk, always_first, always_last)
-    seqs_t = _seqs_tensor(seqs, B, q.device)
+    seqs_t = _seqs_tensor(seqs, B, q.device, cache.max_seqs)
     bound = page_bounds_reference(q, cache, seqs_t)  # [B, Hkv, P_max]
     P_max = cache.max_pages_per_seq
     n_pages = ((cache.seq_lens[seqs_t.long()] + cache.page_size - 1) // cache.page_size).long()  # [B]

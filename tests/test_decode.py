@@ -101,6 +101,32 @@ def test_user_selection_and_empty_selection():
     assert torch.isinf(lse[1, 2:]).all() and (o[1, 2:] == 0).all()  # heads 2, 3 read KV head 1
 
 
+def test_unchecked_selection_past_the_end_selects_nothing():
+    """A selection built without the cache is not range-checked; pages past a sequence's end (even past the
+    page-table row) contribute nothing and are never looked up."""
+    cache = make_cache(page_size=16, lens=(100, 37), max_pages=16)
+    q = torch.randn(2, 4, 32)
+    index = torch.tensor([[[0, 6, 7], [3, 15, 900]], [[1, 2, 40], [0, 0, 0]]], dtype=torch.int32)
+    count = torch.tensor([[3, 3], [3, 1]], dtype=torch.int32)
+    sel = PageSelection(index, count)  # no cache: only order and sign are checked
+    check(q, cache, pages=sel)
+
+
+def test_seqs_are_range_checked_on_the_host():
+    cache = make_cache(lens=(10, 20))  # max_seqs = 4
+    q = torch.randn(2, 4, 32)
+    with pytest.raises(ValueError, match="max_seqs"):
+        sa.sparse_decode(q, cache, seqs=[0, 4])
+    with pytest.raises(ValueError, match="max_seqs"):
+        sa.select_pages(q, cache, 2, seqs=torch.tensor([-1, 0]))
+    with pytest.raises(TypeError, match="integers"):
+        sa.sparse_decode(q, cache, seqs=torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="shape"):
+        sa.sparse_decode(q, cache, seqs=[0])
+    with pytest.raises(ValueError, match="max_seqs"):
+        sa.sparse_decode(torch.randn(5, 4, 32), cache)
+
+
 @pytest.mark.parametrize("index,count,match", [
     ([[[0, 2, 2]]], [[3]], "ascending"),
     ([[[3, 1, 0]]], [[2]], "ascending"),

@@ -23,7 +23,7 @@ def decode_split_kernel(
     stride_qb, stride_qh,
     stride_kp, stride_kr, stride_kh,
     stride_vp, stride_vr, stride_vh,
-    stride_pt,
+    stride_pt, max_pages,
     Hq, Hkv, group, n_splits, blocks_per_split, sel_capacity, scale_log2,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_SEL: tl.constexpr, HEAD_FASTEST: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -64,8 +64,9 @@ def decode_split_kernel(
             logical = tl.load(sel_row + vpage, mask=in_range, other=0)
         else:
             logical = vpage
-        phys = tl.load(pt_row + logical, mask=in_range, other=0).to(tl.int64)
+        # a selected page past the sequence's end selects nothing (and its table entry is never read)
         valid = in_range & (logical * PAGE_SIZE + row < seq_len)  # the last page may be partly filled
+        phys = tl.load(pt_row + logical, mask=valid & (logical < max_pages), other=0).to(tl.int64)
         k_ptrs = K_PAGES + phys[:, None] * stride_kp + row[:, None] * stride_kr + hkv * stride_kh + offs_d[None, :]
         v_ptrs = V_PAGES + phys[:, None] * stride_vp + row[:, None] * stride_vr + hkv * stride_vh + offs_d[None, :]
         b_k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)  # [BN, D]
