@@ -62,11 +62,14 @@ def decode_split_kernel(
         in_range = offs_v < n_virtual
         if USE_SEL:
             logical = tl.load(sel_row + vpage, mask=in_range, other=0)
+            # a selected page past the end of the table row is never looked up; past the sequence's end it
+            # selects nothing (valid below is False, so no K/V is read)
+            pt_ok = in_range & (logical < max_pages)
         else:
             logical = vpage
-        # a selected page past the sequence's end selects nothing (and its table entry is never read)
+            pt_ok = in_range
+        phys = tl.load(pt_row + logical, mask=pt_ok, other=0).to(tl.int64)
         valid = in_range & (logical * PAGE_SIZE + row < seq_len)  # the last page may be partly filled
-        phys = tl.load(pt_row + logical, mask=valid & (logical < max_pages), other=0).to(tl.int64)
         k_ptrs = K_PAGES + phys[:, None] * stride_kp + row[:, None] * stride_kr + hkv * stride_kh + offs_d[None, :]
         v_ptrs = V_PAGES + phys[:, None] * stride_vp + row[:, None] * stride_vr + hkv * stride_vh + offs_d[None, :]
         b_k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)  # [BN, D]
