@@ -265,3 +265,21 @@ def test_select_pages_ties_go_to_lower_pages():
     assert (page_bounds(q, cache)[0, 0, :10] == page_bounds(q, cache)[0, 0, 0]).all()
     sel = sa.select_pages(q, cache, topk=4, always_first=0, always_last=1)
     assert sel.count.tolist() == [[4]] and sel.index[0, 0].tolist() == [0, 1, 2, 9]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=3), st.sampled_from([16, 32]), st.integers(1, 30),
+       st.integers(0, 2), st.integers(0, 2), st.integers(0, 2**31 - 1))
+def test_select_pages_property(lens, page_size, topk, first, last, seed):
+    """Random lengths (empty sequences too), page sizes, k and forced pages: the kernel's selection is the
+    eager top-k + sort of the eager bound (random keys: no ties)."""
+    if topk < first + last:
+        topk = first + last
+    g = torch.Generator().manual_seed(seed)
+    cache = PagedKVCache(64, page_size, 2, 16, dtype=torch.float32, device="cpu", max_seqs=len(lens),
+                         max_pages_per_seq=20)
+    for s, n in enumerate(lens):
+        cache.append(s, torch.randn(n, 2, 16, generator=g), torch.randn(n, 2, 16, generator=g))
+    q = torch.randn(len(lens), 4, 16, generator=g)
+    got = sa.select_pages(q, cache, topk, always_first=first, always_last=last)
+    _same_selection(got, select_pages_reference(q, cache, topk, always_first=first, always_last=last))
