@@ -529,7 +529,8 @@ def suite_decode(args) -> tuple:
                 try:
                     sweep[cfg] = time_gpu(fn, warmup_ms=10, rep_ms=40)
                 except Exception as e:  # a config the GPU cannot compile is recorded, not fatal
-                    results.append({"case": case, "impl": "sparseattn", "pass": "sweep", "config": dataclasses.asdict(cfg),
+                    results.append({"case": case, "impl": "sparseattn", "pass": "sweep",
+                                    "config": dataclasses.asdict(cfg),
                                     "ms": None, "error": str(e)[:120]})
                     continue
                 results.append({"case": case, "impl": "sparseattn", "pass": "sweep", "config": dataclasses.asdict(cfg),

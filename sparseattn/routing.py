@@ -109,8 +109,9 @@ def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, alw
                  always_last: int = 1) -> PageSelection:
     """The ``topk`` pages of highest bound per (row, KV head), always including the first ``always_first``
     and last ``always_last`` pages of each sequence (they count towards ``topk``; with ``topk`` below their
-    number, which forced pages are kept is unspecified); clamped to the sequence's page count. Capacity (the selection's P)
-    is ``min(topk, max_pages_per_seq)``, fixed by shapes; no host synchronisation."""
+    number the lowest-numbered forced pages are kept), clamped to the sequence's page count; ties go to the
+    lower page. Capacity (the selection's P) is ``min(topk, max_pages_per_seq)``, fixed by shapes. Two
+    Triton launches, no host synchronisation (:func:`select_pages_reference` is the eager spec)."""
     B = _check_select_args(q, cache, topk, always_first, always_last)
     seqs_t = _seqs_tensor(seqs, B, q.device, cache.max_seqs)
     capacity = min(topk, cache.max_pages_per_seq)

@@ -283,3 +283,11 @@ def test_select_pages_property(lens, page_size, topk, first, last, seed):
     q = torch.randn(len(lens), 4, 16, generator=g)
     got = sa.select_pages(q, cache, topk, always_first=first, always_last=last)
     _same_selection(got, select_pages_reference(q, cache, topk, always_first=first, always_last=last))
+
+
+def test_more_forced_pages_than_topk_keeps_the_lowest():
+    cache = make_cache(page_size=16, Hkv=2, lens=(200,), max_pages=16)
+    q = torch.randn(1, 4, 32)
+    assert sa.select_pages(q, cache, 1, always_first=1, always_last=1).index[0, :, :1].tolist() == [[0], [0]]
+    sel = sa.select_pages(q, cache, 2, always_first=2, always_last=1)
+    assert sel.index[0].tolist() == [[0, 1], [0, 1]] and sel.count.tolist() == [[2, 2]]

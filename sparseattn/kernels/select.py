@@ -90,7 +90,8 @@ def topk_pages_kernel(
         else:
             cnt = 0
             for start in range(0, P_max, BLOCK_P):
-                _offs, c_live, c_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last, BLOCK_P)
+                _offs, c_live, c_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last,
+                                                 BLOCK_P)
                 cnt += tl.sum((c_live & (c_key >= mid32)).to(tl.int32), 0)
         ok = cnt >= k_eff
         lo = tl.where(ok, mid, lo)
@@ -102,13 +103,15 @@ def topk_pages_kernel(
     else:
         n_above = 0
         for start in range(0, P_max, BLOCK_P):
-            _offs, c_live, c_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last, BLOCK_P)
+            _offs, c_live, c_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last,
+                                             BLOCK_P)
             n_above += tl.sum((c_live & (c_key > t)).to(tl.int32), 0)
     ties_left = k_eff - n_above
     written = 0
     for start in range(0, P_max, BLOCK_P):
         if not ONE_BLOCK:
-            offs_p, live, b_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last, BLOCK_P)
+            offs_p, live, b_key = _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last,
+                                            BLOCK_P)
         b_tie = live & (b_key == t)
         tie_rank = tl.cumsum(b_tie.to(tl.int32), 0) - 1  # [BP]
         b_take = (live & (b_key > t)) | (b_tie & (tie_rank < ties_left))
