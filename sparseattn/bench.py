@@ -27,6 +27,7 @@ import torch
 
 import sparseattn
 from .layout import BlockLayout
+from .paged import PagedKVCache
 from . import patterns as P
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "book", "data", "bench")
@@ -419,12 +420,24 @@ def _flex_decode_mask(block_keep: torch.Tensor, Hq: int, Hkv: int):
                                     seq_lengths=(1, keep.shape[-1] * 128))
 
 
+def _decode_setup(B: int, L: int, ps: int, Hq: int, Hkv: int, D: int, dtype):
+    """Seeded random K/V ``[B, Hkv, L, D]`` (contiguous, for the baselines), the same tokens in a full paged
+    cache of page size ``ps``, and one query per sequence ``[B, Hq, D]``."""
+    torch.manual_seed(0)
+    kd = torch.randn(B, Hkv, L, D, device="cuda", dtype=dtype)
+    vd = torch.randn_like(kd)
+    cache = PagedKVCache(B * (L // ps), ps, Hkv, D, dtype=dtype, device="cuda", max_seqs=B,
+                         max_pages_per_seq=L // ps)
+    for b in range(B):
+        cache.append(b, kd[b].transpose(0, 1), vd[b].transpose(0, 1))
+    return kd, vd, cache, torch.randn(B, Hq, D, device="cuda", dtype=dtype)
+
+
 def suite_decode(args) -> tuple:
     """Decode over the paged cache (dense and with Quest selection) vs SDPA (cuDNN, FA2) and FlexAttention
     decode on contiguous KV holding the same keys and values."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from .ops import sparse_decode
-    from .paged import PagedKVCache
     from .routing import page_bounds, select_pages, select_pages_reference
     Hq, Hkv, D, dtype = 32, 8, 128, torch.bfloat16
     results, table = [], []
@@ -433,15 +446,8 @@ def suite_decode(args) -> tuple:
     if args.n:
         cases = [c for c in cases if c[1] in {int(x) for x in args.n.split(",")}]
     for B, L, ps, keep in cases:
-        torch.manual_seed(0)
         n_pages_seq = L // ps
-        kd = torch.randn(B, Hkv, L, D, device="cuda", dtype=dtype)  # contiguous copies for the baselines
-        vd = torch.randn_like(kd)
-        cache = PagedKVCache(B * n_pages_seq, ps, Hkv, D, dtype=dtype, device="cuda", max_seqs=B,
-                             max_pages_per_seq=n_pages_seq)
-        for b in range(B):
-            cache.append(b, kd[b].transpose(0, 1), vd[b].transpose(0, 1))
-        q = torch.randn(B, Hq, D, device="cuda", dtype=dtype)
+        kd, vd, cache, q = _decode_setup(B, L, ps, Hq, Hkv, D, dtype)
         q4 = q.view(B, Hq, 1, D)
         case = {"pattern": "dense" if keep is None else f"keep{keep:.2f}", "N": L, "B": B, "Hq": Hq, "Hkv": Hkv,
                 "D": D, "dtype": "bf16", "page_size": ps}
@@ -565,21 +571,13 @@ def suite_decode_keep(args) -> tuple:
     + decode, CUDA graph) against dense decode through the cache and cuDNN on contiguous KV."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from .ops import sparse_decode
-    from .paged import PagedKVCache
     from .routing import select_pages
     Hq, Hkv, D, dtype, ps = 32, 8, 128, torch.bfloat16, 16
     keeps = [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0]
     results, table = [], []
     for B, L in ((1, 131072), (8, 131072), (32, 32768)):
-        torch.manual_seed(0)
         n_pages_seq = L // ps
-        kd = torch.randn(B, Hkv, L, D, device="cuda", dtype=dtype)
-        vd = torch.randn_like(kd)
-        cache = PagedKVCache(B * n_pages_seq, ps, Hkv, D, dtype=dtype, device="cuda", max_seqs=B,
-                             max_pages_per_seq=n_pages_seq)
-        for b in range(B):
-            cache.append(b, kd[b].transpose(0, 1), vd[b].transpose(0, 1))
-        q = torch.randn(B, Hq, D, device="cuda", dtype=dtype)
+        kd, vd, cache, q = _decode_setup(B, L, ps, Hq, Hkv, D, dtype)
         full_bytes = 2 * B * Hkv * L * D * 2
         base = {"N": L, "B": B, "Hq": Hq, "Hkv": Hkv, "D": D, "dtype": "bf16", "page_size": ps}
         ms_dense = time_gpu(_graph_step(lambda: sparse_decode(q, cache)).replay)

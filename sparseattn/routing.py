@@ -88,10 +88,14 @@ def page_bounds(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor
     the max over the query heads of each GQA group; pages past a sequence's end get ``-inf``. One Triton
     launch that reads the per-page key bounds through the page table (:func:`page_bounds_reference` is the
     eager spec)."""
-    _check_select_args(q, cache, 1, 0, 0)
+    B = _check_select_args(q, cache, 1, 0, 0)
+    return _page_bounds(q, cache, _seqs_tensor(seqs, B, q.device, cache.max_seqs))
+
+
+def _page_bounds(q: torch.Tensor, cache: PagedKVCache, seqs_t: torch.Tensor) -> torch.Tensor:
+    """:func:`page_bounds` on checked arguments (``select_pages`` has checked them already)."""
     B, Hq, D = q.shape
     Hkv, P_max = cache.num_kv_heads, cache.max_pages_per_seq
-    seqs_t = _seqs_tensor(seqs, B, q.device, cache.max_seqs)
     kernels = _runtime.load_kernels("select")
     group = Hq // Hkv
     bound = torch.empty(B, Hkv, P_max, device=q.device, dtype=torch.float32)
@@ -115,7 +119,7 @@ def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, alw
     B = _check_select_args(q, cache, topk, always_first, always_last)
     seqs_t = _seqs_tensor(seqs, B, q.device, cache.max_seqs)
     capacity = min(topk, cache.max_pages_per_seq)
-    bound = page_bounds(q, cache, seqs_t)  # [B, Hkv, P_max]
+    bound = _page_bounds(q, cache, seqs_t)  # [B, Hkv, P_max]
     kernels = _runtime.load_kernels("select")
     Hkv, P_max = cache.num_kv_heads, cache.max_pages_per_seq
     index = torch.zeros(B, Hkv, capacity, device=q.device, dtype=torch.int32)
