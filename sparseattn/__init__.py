@@ -5,7 +5,7 @@ defined on first use (see :mod:`sparseattn._runtime`).
 """
 from . import patterns
 from .layout import BlockLayout, TransposedLists
-from .ops import sparse_attention, sparse_decode
+from .ops import BwdConfig, DecodeConfig, FwdConfig, sparse_attention, sparse_decode
 from .paged import PageSelection, PagedKVCache
 from .routing import select_pages
 from .reference import merge_states, reference_attention
@@ -13,5 +13,6 @@ from .reference import merge_states, reference_attention
 __version__ = "0.1.0"
 
 __all__ = ["patterns", "BlockLayout", "TransposedLists", "reference_attention", "merge_states", "sparse_attention",
-           "sparse_decode", "PagedKVCache", "PageSelection", "select_pages",
+           "sparse_decode", "PagedKVCache", "PageSelection", "select_pages", "FwdConfig", "BwdConfig",
+           "DecodeConfig",
            "__version__"]

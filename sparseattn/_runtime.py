@@ -1,35 +1,46 @@
-"""Where Triton kernels run.
+"""Where Triton kernels run: on the GPU, or in the Triton interpreter when there is none.
 
-Kernels are imported lazily, on first use, through :func:`load_kernels`. Before that import, when no CUDA
-device is present and the user has not set ``TRITON_INTERPRET``, the interpreter is selected, so notebooks
-and tests on a CPU-only machine never set it by hand. Nothing here runs at ``import sparseattn``.
+The choice is made once, when :mod:`sparseattn.kernels` is first imported (ops import it lazily, inside
+the call, so ``import sparseattn`` loads no Triton). With no CUDA device and ``TRITON_INTERPRET`` unset, the
+interpreter is selected by setting that variable before Triton reads it, so a notebook on a CPU-only machine
+never sets it by hand.
 """
 from __future__ import annotations
 
-import importlib
 import os
+import sys
 
 import torch
 
+_BACKEND = None  # "cuda" or "interpreter", once chosen
+
 
 def select_backend() -> str:
-    """Return ``"cuda"`` or ``"interpreter"``; pick the interpreter when there is no GPU (idempotent)."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        _interpret_triton_stdlib()
-        return "interpreter"
-    if torch.cuda.is_available():
-        return "cuda"
-    os.environ["TRITON_INTERPRET"] = "1"
-    _interpret_triton_stdlib()
-    return "interpreter"
+    """Return ``"cuda"`` or ``"interpreter"``; choose the interpreter when there is no GPU. Idempotent: the
+    first call decides, later calls return that answer."""
+    global _BACKEND
+    if _BACKEND is None:
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            _BACKEND = "interpreter"
+        elif torch.cuda.is_available():
+            _BACKEND = "cuda"
+        else:
+            os.environ["TRITON_INTERPRET"] = "1"
+            _BACKEND = "interpreter"
+        if _BACKEND == "interpreter":
+            _interpret_triton_stdlib()
+    return _BACKEND
+
+
+def is_interpreter() -> bool:
+    return select_backend() == "interpreter"
 
 
 def _interpret_triton_stdlib() -> None:
     """Triton decides at *its own* import whether its jit functions (``tl.zeros``, ``tl.cdiv``, ...) are
-    interpreted. When something imported triton before the interpreter was chosen (torch's FlexAttention
-    does, on a CPU), those stay compiled-only and any interpreted kernel that calls them fails. Re-wrap them
-    so the interpreter works whatever the import order."""
-    import sys
+    interpreted. Only when something imported Triton before the interpreter was chosen (torch's
+    FlexAttention does, on a CPU) are those compiled-only; then re-wrap them, once, so interpreted kernels
+    can call them whatever the import order."""
     if "triton" not in sys.modules:
         return  # triton will read TRITON_INTERPRET when it is imported
     import triton.language as tl
@@ -41,9 +52,3 @@ def _interpret_triton_stdlib() -> None:
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, JITFunction) and not isinstance(obj, InterpretedFunction):
                 setattr(mod, name, InterpretedFunction(obj.fn))
-
-
-def load_kernels(name: str):
-    """Import ``sparseattn.kernels.<name>`` after choosing the backend."""
-    select_backend()
-    return importlib.import_module(f"sparseattn.kernels.{name}")

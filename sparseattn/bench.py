@@ -103,7 +103,7 @@ def prefill_layout(pattern: str, N: int, block: int = 128, device="cuda") -> Blo
     if pattern == "window1024":
         return BlockLayout.from_mask_mod(P.sliding_window(1024), N, N, block, block, device=device)
     if pattern == "sinks64+window1024":
-        mm = P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024)))
+        mm = P.sinks_window(64, 1024)
         return BlockLayout.from_mask_mod(mm, N, N, block, block, device=device)
     if pattern == "random10%+diag":
         # 10% of the 128-blocks at random plus the diagonal, every listed tile full (a block-level pattern)
@@ -224,7 +224,7 @@ def suite_prefill(args) -> tuple:
             if args.sweep and N == max(Ns):
                 for cfg in _sweep_configs(D):
                     try:
-                        ms = time_gpu(lambda: sparse_attention(q, k, v, layout, _config=cfg))
+                        ms = time_gpu(lambda: sparse_attention(q, k, v, layout, config=cfg))
                     except Exception as e:  # a config that does not compile (shared memory) is skipped
                         print(f"# config {cfg} failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
                         continue
@@ -253,7 +253,7 @@ def _layout_cases(N):
     return {
         "causal": P.causal(),
         "window1024": P.sliding_window(1024),
-        "sinks64+window1024": P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024))),
+        "sinks64+window1024": P.sinks_window(64, 1024),
         "dilated4&causal": P.and_masks(P.causal(), P.dilated(4)),
         "documents&causal": P.and_masks(P.causal(), P.document(docs)),
         "block_random10%": P.block_random(0.1, 128, seed=0),
@@ -343,7 +343,7 @@ def suite_backward(args) -> tuple:
             variants = [("sparseattn", dict(deterministic=True)), ("sparseattn-atomic", dict(deterministic=False))]
             if pattern.startswith("sinks"):
                 variants.append(("sparseattn-nosplit", dict(deterministic=True,
-                                                            _bwd_config=BwdConfig(64, 128, 128, 64, 8, 2, chunk=1 << 30))))
+                                                            bwd_config=BwdConfig(64, 128, 128, 64, 8, 2, chunk=1 << 30))))
             for impl, kw in variants:
                 fwd = lambda kw=kw: sparse_attention(q, k, v, layout, **kw)  # noqa: E731
                 ms_b = time_gpu(_grad_fn(fwd, (q, k, v), do))
@@ -383,7 +383,7 @@ def suite_backward(args) -> tuple:
                 for cfg in [BwdConfig(*c) for c in ((32, 128, 128, 32, 4, 3), (32, 128, 128, 32, 8, 3),
                                                     (64, 128, 128, 64, 8, 2), (64, 64, 64, 64, 4, 3),
                                                     (32, 64, 64, 32, 4, 3))]:
-                    fwd = lambda cfg=cfg: sparse_attention(q, k, v, layout, _bwd_config=cfg)  # noqa: E731
+                    fwd = lambda cfg=cfg: sparse_attention(q, k, v, layout, bwd_config=cfg)  # noqa: E731
                     try:
                         ms = time_gpu(_grad_fn(fwd, (q, k, v), do))
                     except Exception as e:
@@ -438,7 +438,8 @@ def suite_decode(args) -> tuple:
     decode on contiguous KV holding the same keys and values."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from .ops import sparse_decode
-    from .routing import page_bounds, select_pages, select_pages_reference
+    from .reference import select_pages_reference
+    from .routing import page_bounds, select_pages
     Hq, Hkv, D, dtype = 32, 8, 128, torch.bfloat16
     results, table = [], []
     cases = [(8, 131072, 16, None), (8, 131072, 16, 0.13), (8, 131072, 64, 0.13), (8, 131072, 128, 0.13),
@@ -530,8 +531,8 @@ def suite_decode(args) -> tuple:
         if args.sweep and ps == 16:  # the tile configs, on the page size of the targets
             sweep = {}
             for cfg in _decode_sweep_configs():
-                fn = (lambda cfg=cfg: sparse_decode(q, cache, _config=cfg)) if keep is None else \
-                    (lambda cfg=cfg: sparse_decode(q, cache, pages=sel, _config=cfg))
+                fn = (lambda cfg=cfg: sparse_decode(q, cache, config=cfg)) if keep is None else \
+                    (lambda cfg=cfg: sparse_decode(q, cache, pages=sel, config=cfg))
                 try:
                     sweep[cfg] = time_gpu(fn, warmup_ms=10, rep_ms=40)
                 except Exception as e:  # a config the GPU cannot compile is recorded, not fatal

@@ -19,6 +19,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ._checks import check_block, check_int
 from .patterns import TileGrid, tile_rule_of
 
 __all__ = ["BlockLayout", "TransposedLists"]
@@ -37,23 +38,8 @@ class TransposedLists(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# argument checks shared by the constructors
+# small helpers
 # ---------------------------------------------------------------------------------------------------------
-def _check_positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_block(name: str, value) -> int:
-    _check_positive_int(name, value)
-    if value < 16 or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= 16, got {value}")
-    return value
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -156,19 +142,24 @@ class BlockLayout:
     The constructor takes explicit lists and validates them; the ``from_*`` classmethods build them.
     """
 
+    __slots__ = ("q_len", "kv_len", "block_q", "block_k", "kv_count", "kv_index", "full_count", "full_index",
+                 "mask_mod", "tile_bits", "_plans")
+
     def __init__(self, kv_count, kv_index, full_count, full_index, *, q_len: int, kv_len: int,
                  block_q: int = 128, block_k: int = 128, mask_mod=None, tile_bits=None, validate: bool = True):
-        self.q_len = _check_positive_int("q_len", q_len)
-        self.kv_len = _check_positive_int("kv_len", kv_len)
-        self.block_q = _check_block("block_q", block_q)
-        self.block_k = _check_block("block_k", block_k)
+        self.q_len = check_int("q_len", q_len)
+        self.kv_len = check_int("kv_len", kv_len)
+        self.block_q = check_block("block_q", block_q)
+        self.block_k = check_block("block_k", block_k)
         if mask_mod is not None and not callable(mask_mod):
             raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
         self.kv_count, self.kv_index = kv_count, kv_index
         self.full_count, self.full_index = full_count, full_index
         self.mask_mod = mask_mod
         self.tile_bits = tile_bits
-        self._transposed: Optional[TransposedLists] = None
+        # derived data (transposed lists, launch plans), built on first use and cached here only: the layout's
+        # own fields never change after construction and stats() never sees this
+        self._plans: dict = {}
         if validate:
             self.validate()
 
@@ -224,8 +215,8 @@ class BlockLayout:
 
     @staticmethod
     def _check_dims(B, H):
-        _check_positive_int("B", B)
-        _check_positive_int("H", H)
+        check_int("B", B)
+        check_int("H", H)
 
     @classmethod
     def from_mask_mod(cls, mask_mod, q_len: int, kv_len: int, block_q: int = 128, block_k: int = 128,
@@ -237,10 +228,10 @@ class BlockLayout:
         """
         if not callable(mask_mod):
             raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
-        _check_positive_int("q_len", q_len)
-        _check_positive_int("kv_len", kv_len)
-        _check_block("block_q", block_q)
-        _check_block("block_k", block_k)
+        check_int("q_len", q_len)
+        check_int("kv_len", kv_len)
+        check_block("block_q", block_q)
+        check_block("block_k", block_k)
         cls._check_dims(B, H)
         device = _default_device(device)
         grid = TileGrid(max(kv_len - q_len, 0), q_len, kv_len, block_q, block_k, B, H, device)
@@ -253,10 +244,10 @@ class BlockLayout:
                         block_k: int = 128, mask_mod=None) -> "BlockLayout":
         """Layout from a block-level bool ``[B, H, nq, nk]``. Without ``mask_mod`` every listed tile is full;
         with it, listed tiles are intersected with the mask_mod, reclassified, and dropped if empty."""
-        _check_positive_int("q_len", q_len)
-        _check_positive_int("kv_len", kv_len)
-        _check_block("block_q", block_q)
-        _check_block("block_k", block_k)
+        check_int("q_len", q_len)
+        check_int("kv_len", kv_len)
+        check_block("block_q", block_q)
+        check_block("block_k", block_k)
         if not isinstance(block_mask, torch.Tensor):
             raise TypeError(f"block_mask must be a torch.Tensor, got {type(block_mask).__name__}")
         if block_mask.dtype != torch.bool:
@@ -287,12 +278,12 @@ class BlockLayout:
             raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
         if mask.dim() != 4:
             raise ValueError(f"mask must have shape [B, H, Lq, Lk], got {tuple(mask.shape)}")
-        _check_block("block_q", block_q)
-        _check_block("block_k", block_k)
+        check_block("block_q", block_q)
+        check_block("block_k", block_k)
         B, H, Lq, Lk = mask.shape
         cls._check_dims(B, H)
-        _check_positive_int("Lq (mask.shape[2])", Lq)
-        _check_positive_int("Lk (mask.shape[3])", Lk)
+        check_int("Lq (mask.shape[2])", Lq)
+        check_int("Lk (mask.shape[3])", Lk)
         nq, nk = _cdiv(Lq, block_q), _cdiv(Lk, block_k)
         padded = torch.nn.functional.pad(mask, (0, nk * block_k - Lk, 0, nq * block_q - Lq))
         valid = torch.zeros(nq * block_q, nk * block_k, dtype=torch.bool, device=mask.device)
@@ -349,8 +340,8 @@ class BlockLayout:
                             block_q=self.block_q, block_k=self.block_k, mask_mod=self.mask_mod,
                             tile_bits=None if self.tile_bits is None else self.tile_bits.to(device),
                             validate=False)
-        if self._transposed is not None:
-            moved._transposed = TransposedLists(*(t.to(device) for t in self._transposed))
+        if "transposed" in self._plans:
+            moved._plans["transposed"] = TransposedLists(*(t.to(device) for t in self._plans["transposed"]))
         return moved
 
     def block_classes(self):
@@ -394,14 +385,18 @@ class BlockLayout:
 
     def partial_tile_bits(self) -> torch.Tensor:
         """Packed token masks of the partial tiles, uint8 ``[B, H, nq, W, block_q, block_k // 8]`` aligned with
-        ``kv_index`` slots (computed from the mask_mod once and cached when the layout has no bits)."""
-        if self.tile_bits is None:
+        ``kv_index`` slots: ``tile_bits`` when the layout has them, else computed from the mask_mod once and
+        cached as a derived plan (``tile_bits`` itself stays None)."""
+        if self.tile_bits is not None:
+            return self.tile_bits
+
+        def build():
             bits = torch.zeros(self.B, self.H, self.nq, self.width, self.block_q, self.block_k // 8,
                                dtype=torch.uint8, device=self.device)
             for b, h, qi, slot, cells in self._for_partial_chunks():
                 bits[b, h, qi, slot] = _pack_bits(cells)
-            self.tile_bits = bits
-        return self.tile_bits
+            return bits
+        return self.plan("tile_bits", build)
 
     def to_bsr(self) -> dict:
         """Block-sparse rows as FlashInfer's BSR wrapper takes them, one matrix per ``(b, h)``:
@@ -433,7 +428,7 @@ class BlockLayout:
         kv_count, kv_index, full_count, full_index = self.kv_count, self.kv_index, self.full_count, self.full_index
         group = 1
         if num_heads is not None and num_heads != self.H and self.H != 1:
-            _check_positive_int("num_heads", num_heads)
+            check_int("num_heads", num_heads)
             if num_heads % self.H:
                 raise ValueError(f"num_heads={num_heads} is not a multiple of the layout's H={self.H}")
             group = num_heads // self.H
@@ -484,26 +479,32 @@ class BlockLayout:
         full_q_count, full_q_index, _ = _transpose_lists(self.full_count, self.full_index, self.nk, width)
         return TransposedLists(q_count, q_index, full_q_count, full_q_index, q_slot)
 
-    def _t(self) -> TransposedLists:
-        if self._transposed is None:
-            self._transposed = self.transpose()
-        return self._transposed
+    def plan(self, key, build):
+        """``build()`` once per ``key``, cached on this layout (derived data only: transposed lists, launch
+        plans). The layout's fields and ``stats()`` are unaffected."""
+        if key not in self._plans:
+            self._plans[key] = build()
+        return self._plans[key]
+
+    def transposed_lists(self) -> TransposedLists:
+        """The transposed lists, built on first use and cached."""
+        return self.plan("transposed", self.transpose)
 
     @property
     def q_count(self) -> torch.Tensor:
-        return self._t().q_count
+        return self.transposed_lists().q_count
 
     @property
     def q_index(self) -> torch.Tensor:
-        return self._t().q_index
+        return self.transposed_lists().q_index
 
     @property
     def full_q_count(self) -> torch.Tensor:
-        return self._t().full_q_count
+        return self.transposed_lists().full_q_count
 
     @property
     def full_q_index(self) -> torch.Tensor:
-        return self._t().full_q_index
+        return self.transposed_lists().full_q_index
 
     # ---- statistics ----------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -538,7 +539,7 @@ class BlockLayout:
         cells_total = self.B * self.H * self.q_len * self.kv_len
         tiles_total = self.B * self.H * self.nq * self.nk
         n_full, n_partial = int(self.full_count.sum()), int(self.kv_count.sum())
-        t = self._t()
+        t = self.transposed_lists()
         fwd_bytes = sum(x.numel() * x.element_size() for x in
                         (self.kv_count, self.kv_index, self.full_count, self.full_index))
         bwd_bytes = sum(x.numel() * x.element_size() for x in t[:4])

@@ -16,31 +16,25 @@ from typing import List, Optional
 
 import torch
 
+from ._checks import check_int, check_query_fits_cache
+
 __all__ = ["PagedKVCache", "PageSelection"]
-
-
-def _check_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 class PagedKVCache:
     def __init__(self, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.bfloat16, device=None, max_seqs: int = 64,
                  max_pages_per_seq: Optional[int] = None):
-        _check_int("num_pages", num_pages)
-        _check_int("page_size", page_size)
-        _check_int("num_kv_heads", num_kv_heads)
-        _check_int("head_dim", head_dim)
-        _check_int("max_seqs", max_seqs)
+        check_int("num_pages", num_pages)
+        check_int("page_size", page_size)
+        check_int("num_kv_heads", num_kv_heads)
+        check_int("head_dim", head_dim)
+        check_int("max_seqs", max_seqs)
         if page_size & (page_size - 1):
             raise ValueError(f"page_size must be a power of two, got {page_size}")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-        max_pages_per_seq = num_pages if max_pages_per_seq is None else _check_int("max_pages_per_seq",
+        max_pages_per_seq = num_pages if max_pages_per_seq is None else check_int("max_pages_per_seq",
                                                                                     max_pages_per_seq)
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         self.num_pages, self.page_size, self.num_kv_heads, self.head_dim = num_pages, page_size, num_kv_heads, head_dim
@@ -61,9 +55,8 @@ class PagedKVCache:
 
     # ---- bookkeeping ------------------------------------------------------------------------------------
     def _check_seq(self, seq) -> int:
-        if isinstance(seq, bool) or not isinstance(seq, int):
-            raise TypeError(f"seq must be an int, got {type(seq).__name__}")
-        if not 0 <= seq < self.max_seqs:
+        check_int("seq", seq, 0)
+        if seq >= self.max_seqs:
             raise ValueError(f"seq must be in [0, max_seqs={self.max_seqs}), got {seq}")
         return seq
 
@@ -227,3 +220,14 @@ class PageSelection:
             if bool((valid & (index >= n_pages.view(-1, 1, 1))).any()):
                 raise ValueError("PageSelection.index selects a page past the end of its sequence")
         return self
+
+
+def check_select_args(q, cache, topk, always_first, always_last) -> int:
+    """Arguments of :func:`select_pages` (and its reference); returns B."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    check_query_fits_cache(q, cache)
+    check_int("topk", topk, 1)
+    check_int("always_first", always_first, 0)
+    check_int("always_last", always_last, 0)
+    return q.shape[0]

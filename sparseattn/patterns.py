@@ -30,6 +30,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from ._checks import check_int
+
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 __all__ = [
@@ -42,11 +44,13 @@ __all__ = [
     "block_random",
     "document",
     "prefix_lm",
+    "sinks_window",
     "and_masks",
     "or_masks",
     "not_mask",
     "full",
     "tile_rule_of",
+    "CATALOGUE",
 ]
 
 
@@ -133,14 +137,6 @@ def _named(fn, name: str, rule=None, **attrs):
     for key, value in attrs.items():
         setattr(fn, key, value)
     return fn
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _distance_range(tiles: TileGrid):
@@ -235,7 +231,7 @@ def causal() -> MaskMod:
 
 def sliding_window(window: int) -> MaskMod:
     """``0 <= q - kv < window``: the query and the ``window - 1`` keys before it."""
-    _check_int("window", window, 1)
+    check_int("window", window, 1)
 
     def mask_mod(b, h, q_idx, kv_idx):
         d = q_idx - kv_idx
@@ -247,7 +243,7 @@ def sliding_window(window: int) -> MaskMod:
 
 def sinks(num_sinks: int) -> MaskMod:
     """``kv < num_sinks``: the first keys (attention sinks / global tokens). Not causal by itself."""
-    _check_int("num_sinks", num_sinks, 0)
+    check_int("num_sinks", num_sinks, 0)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx < num_sinks) & (q_idx >= 0)
@@ -260,7 +256,7 @@ def sinks(num_sinks: int) -> MaskMod:
 
 def dilated(stride: int) -> MaskMod:
     """``(q - kv) % stride == 0``. Not causal by itself."""
-    _check_int("stride", stride, 1)
+    check_int("stride", stride, 1)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return torch.remainder(q_idx - kv_idx, stride) == 0
@@ -295,8 +291,8 @@ def block_random(density: float, block: int = 128, seed: int = 0) -> MaskMod:
         raise TypeError(f"density must be a float, got {type(density).__name__}")
     if not 0.0 <= float(density) <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density}")
-    _check_int("block", block, 1)
-    _check_int("seed", seed, 0)
+    check_int("block", block, 1)
+    check_int("seed", seed, 0)
     threshold = int(round(float(density) * 2**32))
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -365,7 +361,7 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
 
 def prefix_lm(prefix: int) -> MaskMod:
     """``kv < prefix or kv <= q``: bidirectional over a prefix, causal after it."""
-    _check_int("prefix", prefix, 0)
+    check_int("prefix", prefix, 0)
     inner = or_masks(sinks(prefix), causal())
     return _named(lambda b, h, q, kv: inner(b, h, q, kv), f"prefix_lm_{prefix}", inner.tile_rule,
                   parts=inner.parts, combine="or")
@@ -428,3 +424,30 @@ def not_mask(mask: MaskMod) -> MaskMod:
         return TileBounds(~p.all_hi, ~p.all_lo, ~p.any_hi, ~p.any_lo)
 
     return _named(mask_mod, f"not({mask.__name__})", rule, parts=(mask,), combine="not")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Named compositions and the catalogue
+# ---------------------------------------------------------------------------------------------------------
+def sinks_window(num_sinks: int, window: int) -> MaskMod:
+    """``causal and (sinks(num_sinks) or sliding_window(window))``: a causal window plus the first
+    ``num_sinks`` keys for every query (StreamingLLM's attention sinks)."""
+    check_int("num_sinks", num_sinks, 0)
+    check_int("window", window, 1)
+    inner = and_masks(causal(), or_masks(sinks(num_sinks), sliding_window(window)))
+    return _named(lambda b, h, q, kv: inner(b, h, q, kv), f"sinks_window_{num_sinks}_{window}", inner.tile_rule,
+                  parts=inner.parts, combine="and")
+
+
+#: Every pattern generator under its one canonical name (what the book's gallery and the tests iterate).
+CATALOGUE = {
+    "full": full,
+    "causal": causal,
+    "sliding_window": sliding_window,
+    "sinks": sinks,
+    "sinks_window": sinks_window,
+    "dilated": dilated,
+    "block_random": block_random,
+    "document": document,
+    "prefix_lm": prefix_lm,
+}

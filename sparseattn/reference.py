@@ -13,37 +13,11 @@ from typing import Optional
 
 import torch
 
-__all__ = ["reference_attention", "merge_states", "check_qkv"]
+from ._checks import check_qkv, seqs_tensor
+from .paged import PagedKVCache, PageSelection, check_select_args
 
-
-def _check_tensor(name: str, t, dims: int):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if t.dim() != dims:
-        raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
-
-
-def check_qkv(q, k, v):
-    """Validate q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` (Hq % Hkv == 0); return ``(B, Hq, Hkv, Lq, Lk, D)``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, 4)
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    B, Hq, Lq, D = q.shape
-    Bk, Hkv, Lk, Dk = k.shape
-    if tuple(v.shape[:3]) != (Bk, Hkv, Lk):
-        raise ValueError(f"v must match k in [B, Hkv, Lk], got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if Bk != B:
-        raise ValueError(f"q and k must have the same batch size, got {B} and {Bk}")
-    if Dk != D:
-        raise ValueError(f"q and k must have the same head dim, got {D} and {Dk}")
-    if min(B, Hq, Lq, D, Hkv, Lk) < 1:
-        raise ValueError(f"every dimension must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if Hq % Hkv:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv}) for GQA")
-    return B, Hq, Hkv, Lq, Lk, D
+__all__ = ["reference_attention", "merge_states", "decode_reference", "page_bounds_reference",
+           "select_pages_reference"]
 
 
 def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -131,3 +105,72 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
     o = (part_a + part_b) / safe_total[..., None]
     lse = torch.where(empty, torch.full_like(m, float("-inf")), m_safe + torch.log(safe_total))
     return o.to(o_a.dtype), lse.to(lse_a.dtype)
+
+
+def page_bounds_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor:
+    """Eager reference of :func:`sparseattn.routing.page_bounds` (the spec the kernel is tested against): upper bound of
+    ``scale``-free ``q . k`` per (row, KV head, logical page), float32 ``[B, Hkv, P_max]``; pages past a
+    sequence's end get ``-inf``."""
+    B, Hq, D = q.shape
+    Hkv = cache.num_kv_heads
+    seqs_t = seqs_tensor(seqs, B, q.device, cache.max_seqs)
+    phys = cache.page_table[seqs_t.long()].long()  # [B, P]
+    kmin = cache.k_min[phys].float()  # [B, P, Hkv, D]
+    kmax = cache.k_max[phys].float()
+    qg = q.float().view(B, Hkv, Hq // Hkv, D)  # [B, Hkv, G, D]
+    # sum_d max(q_d min_d, q_d max_d) = relu(q) . max + min(q, 0) . min: two batched GEMMs, no [.., D] temporary
+    bound = (torch.einsum("bhgd,bphd->bhgp", qg.clamp(min=0), kmax)
+             + torch.einsum("bhgd,bphd->bhgp", qg.clamp(max=0), kmin)).amax(2)  # max over the group: [B, Hkv, P]
+    n_pages = (cache.seq_lens[seqs_t.long()] + cache.page_size - 1) // cache.page_size  # [B]
+    live = torch.arange(cache.max_pages_per_seq, device=q.device)[None, :] < n_pages[:, None]
+    return torch.where(live[:, None, :], bound, torch.full_like(bound, float("-inf")))
+
+
+def select_pages_reference(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, always_first: int = 1,
+                           always_last: int = 1) -> PageSelection:
+    """Eager reference of :func:`sparseattn.select_pages` (torch.topk and sort): same pages, same order."""
+    B = check_select_args(q, cache, topk, always_first, always_last)
+    seqs_t = seqs_tensor(seqs, B, q.device, cache.max_seqs)
+    bound = page_bounds_reference(q, cache, seqs_t)  # [B, Hkv, P_max]
+    P_max = cache.max_pages_per_seq
+    n_pages = ((cache.seq_lens[seqs_t.long()] + cache.page_size - 1) // cache.page_size).long()  # [B]
+    pages = torch.arange(P_max, device=q.device)[None, :]
+    forced = (pages < always_first) | ((pages >= n_pages[:, None] - always_last) & (pages >= 0))
+    forced = forced & (pages < n_pages[:, None])
+    score = torch.where(forced[:, None, :], torch.full_like(bound, float("inf")), bound)
+    k = min(topk, P_max)
+    top, idx = torch.topk(score, k, dim=-1)  # [B, Hkv, k]
+    ok = top > float("-inf")
+    idx = torch.where(ok, idx, torch.full_like(idx, P_max))  # invalid entries sort last
+    idx, _ = torch.sort(idx, dim=-1)
+    count = ok.sum(-1).to(torch.int32)
+    index = torch.where(idx < P_max, idx, torch.zeros_like(idx)).to(torch.int32)
+    return PageSelection(index.contiguous(), count, trusted=True)
+
+
+def decode_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None, pages: Optional[PageSelection] = None,
+                     scale: Optional[float] = None, dtype: torch.dtype = torch.float64):
+    """Eager reference of :func:`sparseattn.sparse_decode`: ``(o [B, Hq, D], lse [B, Hq])`` in ``dtype``, from
+    each sequence's keys gathered densely (``cache.gather_dense``) with the unselected pages masked out. An
+    empty sequence or an empty selection gives o = 0 and lse = -inf."""
+    B, Hq, D = q.shape
+    seqs_list = seqs_tensor(seqs, B, "cpu", cache.max_seqs).tolist()
+    outs, lses = [], []
+    for b, s in enumerate(seqs_list):
+        k, v = cache.gather_dense(s)  # [Hkv, L, D]
+        Hkv, L = k.shape[0], k.shape[1]
+        if L == 0:
+            outs.append(torch.zeros(Hq, D, dtype=dtype, device=q.device))
+            lses.append(torch.full((Hq,), -math.inf, dtype=dtype, device=q.device))
+            continue
+        mask = torch.ones(1, Hkv, 1, L, dtype=torch.bool, device=q.device)
+        if pages is not None:
+            page_of = torch.arange(L, device=q.device) // cache.page_size
+            for h in range(Hkv):
+                chosen = pages.index[b, h, : int(pages.count[b, h])].to(q.device).long()
+                mask[0, h, 0] = torch.isin(page_of, chosen)
+        o, lse = reference_attention(q[b][None, :, None], k[None], v[None], mask=mask, scale=scale, dtype=dtype,
+                                     return_lse=True)
+        outs.append(o[0, :, 0])
+        lses.append(lse[0, :, 0])
+    return torch.stack(outs), torch.stack(lses)

@@ -119,7 +119,7 @@ def book_layout(pattern: str, L: int, block_q: int, block_k: int, window: Option
     if pattern == "sliding window":
         mm = P.sliding_window(w)
     elif pattern == "sinks + window":
-        mm = P.and_masks(P.causal(), P.or_masks(P.sinks(4), P.sliding_window(w)))
+        mm = P.sinks_window(4, w)
     elif pattern == "dilated":
         mm = P.and_masks(P.causal(), P.dilated(4), P.sliding_window(4 * w))
     elif pattern == "block-random":
@@ -349,7 +349,7 @@ def index_bytes_figure(Ns=(4096, 8192, 16384, 32768, 65536, 131072), H: int = 16
     """Bytes of the block tables (forward + transposed) against the bytes of K and V they index (bf16)."""
     from . import patterns as P
     pats = {"window 1024": P.sliding_window(1024),
-            "sinks 64 + window 1024": P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024))),
+            "sinks 64 + window 1024": P.sinks_window(64, 1024),
             "causal": P.causal()}
     fig = go.Figure()
     for name, mm in pats.items():
@@ -399,11 +399,11 @@ def transpose_cost_figure(Ns=(2048, 4096, 8192, 16384, 32768), block: int = 64, 
 def column_work_figure(N: int = 32768, chunk: Optional[int] = None) -> go.Figure:
     """Work per dK/dV program (listed query tiles) for sinks + window, without and with column splitting."""
     from . import patterns as P
-    from .ops import _bwd_work
-    mm = P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024)))
+    from .ops import column_work
+    mm = P.sinks_window(64, 1024)
     lay = BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cpu")
     totals = (lay.q_count + lay.full_q_count)[0, 0].long()
-    work, _, _, _, used_chunk = _bwd_work(lay, 128, chunk)
+    work, _, _, _, used_chunk = column_work(lay, 128, chunk)
     per_item = torch.clamp(totals[work[:, 0].long()] - work[:, 1].long() * used_chunk, min=0, max=used_chunk)
     fig = go.Figure()
     fig.add_trace(go.Histogram(x=totals.tolist(), name="one program per key tile", opacity=0.7, nbinsx=60))

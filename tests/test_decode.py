@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 import sparseattn as sa
 from sparseattn import PagedKVCache, PageSelection
 from sparseattn import routing
-from sparseattn.routing import page_bounds, page_bounds_reference, select_pages_reference
+from sparseattn.reference import decode_reference, page_bounds_reference, select_pages_reference
+from sparseattn.routing import page_bounds
 
 
 def make_cache(page_size=16, Hkv=2, D=32, lens=(100, 37, 1), dtype=torch.float32, num_pages=64, max_pages=16):
@@ -19,35 +20,11 @@ def make_cache(page_size=16, Hkv=2, D=32, lens=(100, 37, 1), dtype=torch.float32
     return c
 
 
-def reference_decode(q, cache, seqs, selection=None):
-    """fp64 reference over gather_dense, with the unselected pages masked out."""
-    B, Hq, D = q.shape
-    outs, lses = [], []
-    for b, s in enumerate(seqs):
-        k, v = cache.gather_dense(s)  # [Hkv, L, D]
-        L = k.shape[1]
-        Hkv = k.shape[0]
-        mask = torch.ones(1, Hkv, 1, max(L, 1), dtype=torch.bool)[..., :L]
-        if selection is not None:
-            page_of = torch.arange(L) // cache.page_size
-            for h in range(Hkv):
-                chosen = selection.index[b, h, : selection.count[b, h]].tolist()
-                mask[0, h, 0] = torch.isin(page_of, torch.tensor(chosen, dtype=torch.long))
-        if L == 0:
-            outs.append(torch.zeros(Hq, D, dtype=torch.float64))
-            lses.append(torch.full((Hq,), -math.inf, dtype=torch.float64))
-            continue
-        o, lse = sa.reference_attention(q[b][None, :, None], k[None], v[None], mask=mask, return_lse=True)
-        outs.append(o[0, :, 0])
-        lses.append(lse[0, :, 0])
-    return torch.stack(outs), torch.stack(lses)
-
-
 def check(q, cache, seqs=None, pages=None):
     B = q.shape[0]
     seqs_list = list(range(B)) if seqs is None else list(seqs)
     o, lse = sa.sparse_decode(q, cache, pages=pages, seqs=seqs, return_lse=True)
-    ref_o, ref_lse = reference_decode(q, cache, seqs_list, pages)
+    ref_o, ref_lse = decode_reference(q, cache, seqs_list, pages)
     tol = 2e-5 if q.dtype == torch.float32 else 3e-3
     assert not torch.isnan(o).any()
     torch.testing.assert_close(o.double(), ref_o, atol=tol, rtol=tol)
@@ -79,8 +56,8 @@ def test_many_splits_and_empty_splits_merge_exactly():
     q = torch.randn(1, 4, 32)
     cfg = DecodeConfig(num_stages=1, programs_per_sm=64)
     for pages in (None, sa.select_pages(q, cache, topk=5)):
-        o, lse = sa.sparse_decode(q, cache, pages=pages, return_lse=True, _config=cfg)
-        ref_o, ref_lse = reference_decode(q, cache, [0], pages)
+        o, lse = sa.sparse_decode(q, cache, pages=pages, return_lse=True, config=cfg)
+        ref_o, ref_lse = decode_reference(q, cache, [0], pages)
         torch.testing.assert_close(o.double(), ref_o, atol=2e-5, rtol=2e-5)
         torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5)
 

@@ -14,7 +14,7 @@ DOC_IDS = torch.tensor([0] * 37 + [1] + [2] * 50 + [3] * 60)  # includes a lengt
 PATTERNS = {
     "causal": P.causal(),
     "window": P.sliding_window(37),
-    "sinks+window": P.and_masks(P.causal(), P.or_masks(P.sinks(5), P.sliding_window(29))),
+    "sinks+window": P.sinks_window(5, 29),
     "dilated": P.and_masks(P.causal(), P.dilated(3)),
     "block_random": P.or_masks(P.block_random(0.2, 32, seed=1), P.sliding_window(16)),
     "block_random_unaligned": P.block_random(0.3, 24, seed=2),

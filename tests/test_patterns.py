@@ -100,3 +100,16 @@ def test_mask_mods_work_in_flex_create_block_mask():
     mm = P.and_masks(P.causal(), P.or_masks(P.sinks(4), P.sliding_window(16)))
     bm = fa.create_block_mask(mm, None, None, 64, 64, device="cpu", BLOCK_SIZE=16)
     assert torch.equal(bm.to_dense()[0, 0].bool(), dense_of(mm, 64, 64)[0, 0].view(4, 16, 4, 16).any(dim=(1, 3)))
+
+
+def test_sinks_window_is_the_named_composition():
+    named = dense_of(P.sinks_window(4, 16), 70, 70)
+    composed = dense_of(P.and_masks(P.causal(), P.or_masks(P.sinks(4), P.sliding_window(16))), 70, 70)
+    assert torch.equal(named, composed)
+    assert P.sinks_window(4, 16).__name__ == "sinks_window_4_16"
+
+
+def test_catalogue_names_every_generator_once():
+    assert len(set(P.CATALOGUE.values())) == len(P.CATALOGUE)
+    for name, gen in P.CATALOGUE.items():
+        assert gen is getattr(P, name) and name in P.__all__

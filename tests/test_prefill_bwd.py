@@ -12,7 +12,7 @@ TOL = {torch.float32: dict(atol=5e-5, rtol=5e-5), torch.float16: dict(atol=1e-2,
 
 def check_grads(layout, q, k, v, deterministic=True, bwd_config=None, scale=None):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    o = sa.sparse_attention(q, k, v, layout, deterministic=deterministic, _bwd_config=bwd_config, scale=scale)
+    o = sa.sparse_attention(q, k, v, layout, deterministic=deterministic, bwd_config=bwd_config, scale=scale)
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))

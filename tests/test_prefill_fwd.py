@@ -16,7 +16,7 @@ PATTERNS = {
     "causal": P.causal(),
     "window": P.sliding_window(37),
     "causal&window": P.and_masks(P.causal(), P.sliding_window(20)),
-    "sinks+window": P.and_masks(P.causal(), P.or_masks(P.sinks(5), P.sliding_window(29))),
+    "sinks+window": P.sinks_window(5, 29),
     "sinks|window (non-causal sinks)": P.or_masks(P.sinks(7), P.sliding_window(16)),
     "dilated": P.and_masks(P.causal(), P.dilated(3)),
     "block_random": P.or_masks(P.block_random(0.3, 32, seed=1), P.sliding_window(8)),
@@ -217,7 +217,7 @@ def test_pointer_and_descriptor_paths(name, tma):
     layout = BlockLayout.from_mask_mod(PATTERNS[name], L, L, 32, 32, device="cpu")
     q, k, v = (rand(1, 2, L, 32, dtype=torch.float32) for _ in range(3))
     cfg = FwdConfig(32, 16, 4, 1, tma=tma)  # kernel tiles smaller than the layout's: 2 steps per tile
-    run_and_check(layout, q, k, v, _config=cfg)
+    run_and_check(layout, q, k, v, config=cfg)
 
 
 def test_interpreter_works_when_triton_was_imported_first():
@@ -234,16 +234,16 @@ def test_interpreter_works_when_triton_was_imported_first():
 def test_tile_fallback_when_shared_memory_runs_out(monkeypatch):
     """A GPU with little shared memory (Colab's T4) rejects the big tiles at compile time: smaller ones are tried."""
     import triton
-    from sparseattn import ops
-    real, seen = ops._forward_with, []
+    from sparseattn.ops import prefill
+    real, seen = prefill._forward_with, []
 
-    def fake(q, k, v, layout, scale, out, cfg, interpreter):
+    def fake(q, k, v, layout, scale, out, cfg):
         seen.append((cfg.block_m, cfg.block_n))
         if len(seen) == 1:
             raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
-        return real(q, k, v, layout, scale, out, cfg, interpreter)
+        return real(q, k, v, layout, scale, out, cfg)
 
-    monkeypatch.setattr(ops, "_forward_with", fake)
+    monkeypatch.setattr(prefill, "_forward_with", fake)
     layout = BlockLayout.from_mask_mod(P.causal(), 64, 64, 32, 32, device="cpu")
     run_and_check(layout, *(rand(1, 1, 64, 16, dtype=torch.float32) for _ in range(3)))
     assert len(seen) == 2 and seen[1][0] <= 32

@@ -1,2 +1,6 @@
-"""Triton kernels only (``@triton.jit``). Import them through :func:`sparseattn._runtime.load_kernels`,
-which selects the interpreter first when there is no GPU."""
+"""Triton kernels only (``@triton.jit``). Importing this package chooses the backend first (the Triton
+interpreter when there is no GPU), so the kernels below are defined for the right one; ops import it lazily,
+inside their calls, and ``import sparseattn`` never loads Triton."""
+from .. import _runtime
+
+BACKEND = _runtime.select_backend()

@@ -11,12 +11,17 @@ independent: a tile may span several pages or part of one.
 states with the online-softmax law, a chunk of splits at a time (any split count fits); empty splits
 (lse = -inf) add nothing.
 """
+import torch
 import triton
 import triton.language as tl
 
-from .prefill_fwd import masked_softmax_step
+from ._common import finalize, online_softmax_step
 
 
+@triton.heuristics({
+    "USE_SEL": lambda a: a["SEL_INDEX"] is not None,
+    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
+})
 @triton.jit
 def decode_split_kernel(
     Q, K_PAGES, V_PAGES, PAGE_TABLE, SEQ_LENS, SEQS, SEL_INDEX, SEL_COUNT, O_PART, LSE_PART,
@@ -40,8 +45,10 @@ def decode_split_kernel(
     if USE_SEL:
         n_sel = tl.load(SEL_COUNT + b * Hkv + hkv)
         n_virtual = n_sel * PAGE_SIZE
+        sel_row = SEL_INDEX + (b * Hkv + hkv).to(tl.int64) * sel_capacity
     else:
         n_virtual = seq_len
+        sel_row = SEL_INDEX  # no selection: every page of the sequence, in order
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
     g_ok = offs_g < group
@@ -52,7 +59,6 @@ def decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     pt_row = PAGE_TABLE + seq.to(tl.int64) * stride_pt
-    sel_row = SEL_INDEX + (b * Hkv + hkv).to(tl.int64) * sel_capacity
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, tl.cdiv(n_virtual, BLOCK_N))
     for blk in range(first, last):
@@ -76,11 +82,8 @@ def decode_split_kernel(
         b_v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION) * scale_log2  # [BG, BN]
         b_s = tl.where(valid[None, :], b_s, float("-inf"))
-        m_i, l_i, acc = masked_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    b_o = acc / l_safe[:, None]
-    b_lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+        m_i, l_i, acc = online_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
+    b_o, b_lse = finalize(m_i, l_i, acc)
     part = ((b * Hq + heads).to(tl.int64) * n_splits + split)  # [BG]
     tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], b_o, mask=g_ok[:, None])
     tl.store(LSE_PART + part, b_lse, mask=g_ok)

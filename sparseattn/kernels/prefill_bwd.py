@@ -4,95 +4,93 @@ Deterministic path (7 tile matmuls): ``dkdv_kernel`` gives one program per (key 
 column, batch * KV head) walking the *transposed* table (the query tiles that visit the key tile) for every
 query head of the GQA group, recomputing ``P`` from the saved LSE; ``dq_kernel`` gives one program per
 (query sub-tile, batch * query head) walking the forward table. No two programs write the same element, so
-repeated runs are bitwise equal.
+repeated runs are bitwise equal. ``Δ = rowsum(dO ∘ O)`` is computed before both.
 
-Atomic path (5 tile matmuls, ``ATOMIC_DQ``): the dK/dV program also forms ``dQ_i += dS_ij K_j`` and adds it
-into a float32 dQ with ``tl.atomic_add``; the order of those additions varies from run to run.
+Atomic path (5 tile matmuls, ``DQ_ACC`` given): the dK/dV program also forms ``dQ_i += dS_ij K_j`` and adds
+it into a float32 dQ with ``tl.atomic_add``; the order of those additions varies from run to run.
 
 Long columns (a sink key tile is visited by every query tile) are cut into chunks of at most ``chunk``
 listed query tiles; chunks write partial dK/dV to a workspace that is summed in a fixed order afterwards.
+
+Each pass walks partial tiles (token mask) and full tiles (no mask) through one helper with a ``MASKED`` flag.
 """
+import torch
 import triton
 import triton.language as tl
 
-from .prefill_fwd import _partial_mask, doc_table
+from ._common import doc_ids, load_lse_base2, tile_mask
 
 
 @triton.jit
-def _mask_t(offs_n, offs_m_abs, m_start, n_start, bits_ptr, doc_k, DOC_Q, q_offset, Lq,
-            band_lo, band_hi, sink_n, sink_lo, sink_hi,
-            BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr):
-    """Token mask of a partial tile piece, transposed: ``[BN keys, BM queries]``."""
-    if USE_BITS:
-        row_in_tile = (m_start % BLOCK_Q) + tl.arange(0, BLOCK_M)  # [BM]
-        col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
-        b_byte = tl.load(bits_ptr + row_in_tile[None, :] * (BLOCK_K // 8) + (col_in_tile // 8)[:, None])
-        allowed = ((b_byte.to(tl.int32) >> (col_in_tile % 8)[:, None]) & 1) != 0  # [BN, BM]
-    else:
-        d = offs_m_abs[None, :] - offs_n[:, None]  # [BN, BM] distance q - kv
-        allowed = (d >= band_lo) & (d <= band_hi)
-        if HAS_SINKS:
-            allowed = allowed | ((offs_n[:, None] < sink_n) & (d >= sink_lo) & (d <= sink_hi))
-        if HAS_DOC:
-            doc_q = tl.load(DOC_Q + tl.minimum(offs_m_abs, q_offset + Lq - 1))  # [BM]
-            allowed = allowed & (doc_k[:, None] == doc_q[None, :])
-    return allowed
-
-
-@triton.jit
-def _load_lse2(lse_row, offs_m, m_ok):
-    """Saved natural-log LSE in base 2. Rows past Lq and rows with no key (LSE = -inf) get +inf, so every P
-    recomputed from them is exactly 0."""
-    b_lse = tl.load(lse_row + offs_m, mask=m_ok, other=float("inf"))
-    return tl.where(b_lse == float("-inf"), float("inf"), b_lse) * 1.4426950408889634
-
-
-@triton.jit
-def _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_base, m_start,
-               stride_qm, stride_dom, stride_dqm, Lq, scale_log2, allowed,
-               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
-    offs_m = m_start + tl.arange(0, BLOCK_M)
+def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
+                stride_qm, stride_dom, stride_dqm, COL_INDEX, SLOTS, col, col_width, lo, hi,
+                offs_n, n_ok, n_start, doc_k, DOC, stride_doc_b, b, BITS, row_base, W, n_qtiles,
+                Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
+                HAS_DOC: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dK, dV ``[BN, D]`` of one key sub-tile over the query tiles at positions ``[lo, hi)`` of its
+    column list ``COL_INDEX[col]``. Tiles are handled transposed (``[BN keys, BM queries]``) so dK and dV
+    come out of the dots without a transpose."""
+    SUB_M: tl.constexpr = BLOCK_Q // BLOCK_M
     offs_d = tl.arange(0, HEAD_DIM)
-    m_ok = offs_m < Lq
-    b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
-    b_do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    b_lse = _load_lse2(lse_base, offs_m, m_ok)
-    b_delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
-    b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)  # [BN, BM] = (Q K^T)^T
-    b_pt = tl.math.exp2(b_st * scale_log2 - b_lse[None, :])
-    if MASKED:
-        b_pt = tl.where(allowed, b_pt, 0.0)
-    b_dv = tl.dot(b_pt.to(b_do.dtype), b_do, b_dv, input_precision=DOT_PRECISION)  # [BN, D]
-    b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION)  # [BN, BM]
-    b_dst = b_pt * (b_dpt - b_delta[None, :])  # [BN, BM]
-    b_dk = tl.dot(b_dst.to(b_q.dtype), b_q, b_dk, input_precision=DOT_PRECISION)  # [BN, D]
-    if ATOMIC_DQ:
-        b_dq = tl.dot(tl.trans(b_dst.to(b_k.dtype)), b_k, input_precision=DOT_PRECISION)  # [BM, D]
-        tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], b_dq, mask=m_ok[:, None],
-                      sem="relaxed")
+    for it in range(lo * SUB_M, hi * SUB_M):
+        pos = it // SUB_M
+        qi = tl.load(COL_INDEX + col * col_width + pos)
+        m_start = qi * BLOCK_Q + (it % SUB_M) * BLOCK_M
+        offs_m = m_start + tl.arange(0, BLOCK_M)  # [BM]
+        m_ok = offs_m < Lq
+        b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
+        b_do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+        b_lse = load_lse_base2(lse_base, offs_m, m_ok)
+        b_delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
+        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)  # [BN, BM] = (Q K^T)^T
+        b_pt = tl.math.exp2(b_st * scale_log2 - b_lse[None, :])
+        if MASKED:
+            offs_m_abs = offs_m + q_offset
+            slot = tl.load(SLOTS + col * col_width + pos)  # where this tile's bits sit in the forward table
+            bits_off = ((row_base + qi).to(tl.int64) * W + slot) * (BLOCK_Q * BLOCK_K // 8)
+            row_in_tile = (m_start % BLOCK_Q) + tl.arange(0, BLOCK_M)  # [BM]
+            col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
+            doc_q = doc_ids(DOC, b, stride_doc_b, offs_m_abs, q_offset + Lq - 1, HAS_DOC)  # [BM]
+            allowed = tile_mask(offs_m_abs[None, :], offs_n[:, None], row_in_tile[None, :], col_in_tile[:, None],
+                                BITS, bits_off, doc_q[None, :], doc_k[:, None],
+                                band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)  # [BN, BM]
+            b_pt = tl.where(allowed & n_ok[:, None], b_pt, 0.0)
+        # full tiles: keys past Lk are zero rows of K and V, so they add nothing
+        b_dv = tl.dot(b_pt.to(b_do.dtype), b_do, b_dv, input_precision=DOT_PRECISION)  # [BN, D]
+        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION)  # [BN, BM]
+        b_dst = b_pt * (b_dpt - b_delta[None, :])  # [BN, BM]
+        b_dk = tl.dot(b_dst.to(b_q.dtype), b_q, b_dk, input_precision=DOT_PRECISION)  # [BN, D]
+        if ATOMIC_DQ:
+            b_dq = tl.dot(tl.trans(b_dst.to(b_k.dtype)), b_k, input_precision=DOT_PRECISION)  # [BM, D]
+            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], b_dq, mask=m_ok[:, None],
+                          sem="relaxed")
     return b_dk, b_dv
 
 
+@triton.heuristics({
+    "USE_BITS": lambda a: a["BITS"] is not None,
+    "HAS_DOC": lambda a: a["DOC"] is not None,
+    "HAS_SINKS": lambda a: a["sink_n"] > 0,
+    "ATOMIC_DQ": lambda a: a["DQ_ACC"] is not None,
+    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
+})
 @triton.jit
 def dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ, WS_K, WS_V,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_dob, stride_doh, stride_dom,
-    stride_dkb, stride_dkh, stride_dkn,
-    stride_dvb, stride_dvh, stride_dvn,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
     stride_dqb, stride_dqh, stride_dqm,
-    Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, BITS, DOC,
-    stride_doc_b,
+    Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, BITS, DOC, stride_doc_b,
     Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W,
     Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
     band_lo, band_hi, sink_n, sink_lo, sink_hi,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, DOC_BATCHED: tl.constexpr,
+    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # ---- work item: key sub-tile, which chunk of its column, where the result goes --------------------------
@@ -106,7 +104,7 @@ def dkdv_kernel(
     n_start = n_sub * BLOCK_N
     kj = n_start // BLOCK_K  # layout column
     lb = b % LB
-    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_n = n_start + tl.arange(0, BLOCK_N)  # [BN]
     offs_d = tl.arange(0, HEAD_DIM)
     n_ok = offs_n < Lk
     k_base = K + b.to(tl.int64) * stride_kb + hkv.to(tl.int64) * stride_kh
@@ -115,8 +113,7 @@ def dkdv_kernel(
     b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
     b_dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     b_dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    DOC_Q, doc_k = doc_table(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC, DOC_BATCHED)
-    SUB_M: tl.constexpr = BLOCK_Q // BLOCK_M
+    doc_k = doc_ids(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC)  # [BN]
 
     for g in range(0, group):  # the query heads that share this KV head; dK/dV sum over them
         hq = hkv * group + g
@@ -124,40 +121,30 @@ def dkdv_kernel(
         col = (lb * LH + lh) * n_ktiles + kj
         n_partial = tl.load(Q_COUNT + col)
         n_full = tl.load(FULL_Q_COUNT + col)
-        lo = c * chunk
+        lo = c * chunk  # this chunk covers list positions [lo, hi) of partial-then-full
         hi = tl.minimum(lo + chunk, n_partial + n_full)
         q_base = Q + b.to(tl.int64) * stride_qb + hq.to(tl.int64) * stride_qh
         do_base = DO + b.to(tl.int64) * stride_dob + hq.to(tl.int64) * stride_doh
-        dq_base = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
+        dq_base = DQ_ACC  # None on the deterministic path
+        if ATOMIC_DQ:
+            dq_base = DQ_ACC + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
         lse_base = LSE + (b * Hq + hq).to(tl.int64) * Lq
         delta_base = DELTA + (b * Hq + hq).to(tl.int64) * Lq
-        # partial query tiles of this chunk: token mask
-        p_lo = tl.minimum(lo, n_partial)
-        p_hi = tl.minimum(hi, n_partial)
-        for it in range(p_lo * SUB_M, p_hi * SUB_M):
-            pos = it // SUB_M
-            qi = tl.load(Q_INDEX + col * WT + pos)
-            m_start = qi * BLOCK_Q + (it % SUB_M) * BLOCK_M
-            offs_m_abs = m_start + tl.arange(0, BLOCK_M) + q_offset
-            slot = tl.load(Q_SLOT + col * WT + pos)  # where this tile's bits sit in the forward table
-            row = (lb * LH + lh) * n_qtiles + qi
-            bits_ptr = BITS + (row.to(tl.int64) * W + slot) * (BLOCK_Q * BLOCK_K // 8)
-            allowed = _mask_t(offs_n, offs_m_abs, m_start, n_start, bits_ptr, doc_k, DOC_Q, q_offset, Lq,
-                              band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                              BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)
-            allowed = allowed & n_ok[:, None]
-            b_dk, b_dv = _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_base,
-                                    m_start, stride_qm, stride_dom, stride_dqm, Lq, scale_log2,
-                                    allowed, HEAD_DIM, BLOCK_M, True, ATOMIC_DQ, DOT_PRECISION)
-        # full query tiles of this chunk: no mask (keys past Lk are zero rows: they add nothing)
-        f_lo = tl.maximum(lo, n_partial) - n_partial
-        f_hi = tl.maximum(hi, n_partial) - n_partial
-        for it in range(f_lo * SUB_M, f_hi * SUB_M):
-            qi = tl.load(FULL_Q_INDEX + col * FWT + it // SUB_M)
-            m_start = qi * BLOCK_Q + (it % SUB_M) * BLOCK_M
-            b_dk, b_dv = _dkdv_step(b_k, b_v, b_dk, b_dv, q_base, do_base, lse_base, delta_base, dq_base,
-                                    m_start, stride_qm, stride_dom, stride_dqm, Lq, scale_log2,
-                                    n_ok[:, None], HEAD_DIM, BLOCK_M, False, ATOMIC_DQ, DOT_PRECISION)
+        row_base = (lb * LH + lh) * n_qtiles
+        b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_qm, stride_dom, stride_dqm, Q_INDEX, Q_SLOT, col, WT,
+                                 tl.minimum(lo, n_partial), tl.minimum(hi, n_partial),
+                                 offs_n, n_ok, n_start, doc_k, DOC, stride_doc_b, b, BITS, row_base, W, n_qtiles,
+                                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                 HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, True, USE_BITS, HAS_SINKS,
+                                 HAS_DOC, ATOMIC_DQ, DOT_PRECISION)
+        b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_qm, stride_dom, stride_dqm, FULL_Q_INDEX, Q_SLOT, col, FWT,
+                                 tl.maximum(lo, n_partial) - n_partial, tl.maximum(hi, n_partial) - n_partial,
+                                 offs_n, n_ok, n_start, doc_k, DOC, stride_doc_b, b, BITS, row_base, W, n_qtiles,
+                                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                 HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, False, USE_BITS, HAS_SINKS,
+                                 HAS_DOC, ATOMIC_DQ, DOT_PRECISION)
 
     b_dk = b_dk * scale
     if ws_slot < 0:
@@ -173,22 +160,61 @@ def dkdv_kernel(
 
 
 @triton.jit
+def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, COUNT, INDEX, row, width,
+              offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b, b, BITS, Lk, scale_log2,
+              band_lo, band_hi, sink_n, sink_lo, sink_hi,
+              HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """Accumulate dQ ``[BM, D]`` over the key tiles listed in ``INDEX[row, :COUNT[row]]``."""
+    SUB: tl.constexpr = BLOCK_K // BLOCK_N
+    offs_d = tl.arange(0, HEAD_DIM)
+    n_tiles = tl.load(COUNT + row)
+    for it in range(0, n_tiles * SUB):
+        slot = it // SUB
+        kb = tl.load(INDEX + row * width + slot)
+        n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
+        offs_n = n_start + tl.arange(0, BLOCK_N)  # [BN]
+        n_ok = offs_n < Lk
+        b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN]
+        b_p = tl.math.exp2(b_s * scale_log2 - b_lse[:, None])
+        if MASKED:
+            doc_k = doc_ids(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC)  # [BN]
+            col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
+            bits_off = (row.to(tl.int64) * width + slot) * (BLOCK_Q * BLOCK_K // 8)
+            allowed = tile_mask(offs_m_abs[:, None], offs_n[None, :], row_in_tile[:, None], col_in_tile[None, :],
+                                BITS, bits_off, doc_q[:, None], doc_k[None, :],
+                                band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
+            b_p = tl.where(allowed & n_ok[None, :], b_p, 0.0)
+        else:
+            b_p = tl.where(n_ok[None, :], b_p, 0.0)
+        b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION)  # [BM, BN]
+        b_ds = b_p * (b_dp - b_delta[:, None])
+        b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq, input_precision=DOT_PRECISION)  # [BM, D]
+    return b_dq
+
+
+@triton.heuristics({
+    "USE_BITS": lambda a: a["BITS"] is not None,
+    "HAS_DOC": lambda a: a["DOC"] is not None,
+    "HAS_SINKS": lambda a: a["sink_n"] > 0,
+    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
+})
+@triton.jit
 def dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_dob, stride_doh, stride_dom,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
-    KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC,
-    stride_doc_b,
-    Hq, group, LB, LH, lh_div, n_qtiles, W, FW,
-    Lq, Lk, q_offset, scale, scale_log2,
+    KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b,
+    Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale, scale_log2,
     band_lo, band_hi, sink_n, sink_lo, sink_hi,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, DOC_BATCHED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -200,7 +226,7 @@ def dq_kernel(
     m_start = pid * BLOCK_M
     qi = m_start // BLOCK_Q
     row = (lb * LH + lh) * n_qtiles + qi
-    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_m = m_start + tl.arange(0, BLOCK_M)  # [BM]
     offs_m_abs = offs_m + q_offset
     offs_d = tl.arange(0, HEAD_DIM)
     row_in_tile = (m_start % BLOCK_Q) + tl.arange(0, BLOCK_M)
@@ -209,48 +235,21 @@ def dq_kernel(
     do_base = DO + b.to(tl.int64) * stride_dob + hq.to(tl.int64) * stride_doh
     k_base = K + b.to(tl.int64) * stride_kb + hkv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + hkv.to(tl.int64) * stride_vh
-    b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+    b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
     b_do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    b_lse = _load_lse2(LSE + bh.to(tl.int64) * Lq, offs_m, m_ok)
+    b_lse = load_lse_base2(LSE + bh.to(tl.int64) * Lq, offs_m, m_ok)
     b_delta = tl.load(DELTA + bh.to(tl.int64) * Lq + offs_m, mask=m_ok, other=0.0)
     b_dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    DOC_K, doc_q = doc_table(DOC, b, stride_doc_b, offs_m_abs, q_offset + Lq - 1, HAS_DOC, DOC_BATCHED)
-    SUB: tl.constexpr = BLOCK_K // BLOCK_N
+    doc_q = doc_ids(DOC, b, stride_doc_b, offs_m_abs, q_offset + Lq - 1, HAS_DOC)  # [BM]
 
-    n_partial = tl.load(KV_COUNT + row)
-    for it in range(0, n_partial * SUB):
-        slot = it // SUB
-        kb = tl.load(KV_INDEX + row * W + slot)
-        n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
-        offs_n = n_start + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < Lk
-        b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        bits_ptr = BITS + (row.to(tl.int64) * W + slot) * (BLOCK_Q * BLOCK_K // 8)
-        allowed = _partial_mask(offs_m_abs, offs_n, n_start, row_in_tile, bits_ptr, doc_q, DOC_K,
-                                band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                                BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)
-        allowed = allowed & n_ok[None, :]
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN]
-        b_p = tl.where(allowed, tl.math.exp2(b_s * scale_log2 - b_lse[:, None]), 0.0)
-        b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION)  # [BM, BN]
-        b_ds = b_p * (b_dp - b_delta[:, None])
-        b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq, input_precision=DOT_PRECISION)  # [BM, D]
-
-    n_full = tl.load(FULL_COUNT + row)
-    for it in range(0, n_full * SUB):
-        kb = tl.load(FULL_INDEX + row * FW + it // SUB)
-        n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
-        offs_n = n_start + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < Lk
-        b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-        b_p = tl.math.exp2(b_s * scale_log2 - b_lse[:, None])
-        b_p = tl.where(n_ok[None, :], b_p, 0.0)
-        b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION)
-        b_ds = b_p * (b_dp - b_delta[:, None])
-        b_dq = tl.dot(b_ds.to(b_k.dtype), b_k, b_dq, input_precision=DOT_PRECISION)
+    b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, KV_COUNT, KV_INDEX,
+                     row, W, offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b, b, BITS, Lk, scale_log2,
+                     band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                     HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, DOT_PRECISION)
+    b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, FULL_COUNT, FULL_INDEX,
+                     row, FW, offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b, b, BITS, Lk, scale_log2,
+                     band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                     HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, DOT_PRECISION)
 
     dq_base = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
     tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty),

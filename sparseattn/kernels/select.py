@@ -10,10 +10,12 @@ bits of the float (a float's bits, with the negative ones flipped, sort like the
 chosen pages in ascending order with a running prefix sum. No sort, no host sync; ties at the threshold go
 to the lower page numbers, so the result is deterministic.
 """
+import torch
 import triton
 import triton.language as tl
 
 
+@triton.heuristics({"DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32"})
 @triton.jit
 def page_bound_kernel(
     Q, K_MIN, K_MAX, PAGE_TABLE, SEQ_LENS, SEQS, BOUND,
@@ -66,6 +68,7 @@ def _row_keys(BOUND, row, start, n_pages, P_max, always_first, always_last, BLOC
     return offs_p, live, _sort_key(b_x)
 
 
+@triton.heuristics({"ONE_BLOCK": lambda a: a["P_max"] <= a["BLOCK_P"]})
 @triton.jit
 def topk_pages_kernel(
     BOUND, SEQ_LENS, SEQS, INDEX, COUNT,

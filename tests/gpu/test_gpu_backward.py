@@ -21,7 +21,7 @@ def _rel(a, b):
 
 PATS = {
     "causal": P.causal(),
-    "sinks+window": P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(512))),
+    "sinks+window": P.sinks_window(64, 512),
     "dilated": P.and_masks(P.causal(), P.dilated(4)),
     "block_random": P.or_masks(P.block_random(0.1, 128, seed=0), P.sliding_window(128)),
 }
@@ -63,7 +63,7 @@ def test_split_and_unsplit_columns_agree():
     L = 8192
     layout = BlockLayout.from_mask_mod(PATS["sinks+window"], L, L, device="cuda")
     q, k, v, do = (torch.randn(1, 4, L, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    split = _grads(layout, q, k, v, do, _bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=4))
-    whole = _grads(layout, q, k, v, do, _bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=1 << 30))
+    split = _grads(layout, q, k, v, do, bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=4))
+    whole = _grads(layout, q, k, v, do, bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=1 << 30))
     for a, b in zip(split, whole):
         assert _rel(a.float(), b.double()) < 1e-2

@@ -22,7 +22,7 @@ def _patterns(L):
     return {
         "causal": P.causal(),
         "window1024": P.sliding_window(1024),
-        "sinks64+window1024": P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(1024))),
+        "sinks64+window1024": P.sinks_window(64, 1024),
         "dilated": P.and_masks(P.causal(), P.dilated(4)),
         "block_random": P.or_masks(P.block_random(0.1, 128, seed=0), P.sliding_window(128)),
         "documents": P.and_masks(P.causal(), P.document(docs)),
@@ -53,7 +53,7 @@ def test_real_sizes_against_fp64_reference(name, D, dtype):
 def test_gqa_and_chunked_prefill_bf16():
     torch.manual_seed(1)
     Lq, Lk, Hq, Hkv, D = 1000, 4100, 8, 2, 128
-    layout = BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.or_masks(P.sinks(64), P.sliding_window(512))),
+    layout = BlockLayout.from_mask_mod(P.sinks_window(64, 512),
                                        Lq, Lk, 128, 128, H=Hkv, device="cuda")
     q = torch.randn(2, Hq, Lq, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))

@@ -1,0 +1,130 @@
+"""Argument checks and constants shared by every module (one copy each).
+
+Each check raises ``TypeError`` (wrong kind of value) or ``ValueError`` (right kind, broken rule) with a
+message that names the argument and the rule. Nothing here imports Triton or touches a GPU.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _runtime
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2E = 1.4426950408889634  # log2(e): kernels run softmax in base 2 (exp2 is one instruction)
+LN2 = 0.6931471805599453  # ln(2): back from base 2 to the natural-log LSE every op returns
+
+
+def check_int(name: str, value, minimum: int = 1) -> int:
+    """``value`` is a Python int (not a bool) and at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_block(name: str, value) -> int:
+    """A tile size: a power of two >= 16 (what ``tl.dot`` and the bit tables need)."""
+    check_int(name, value)
+    if value < 16 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+    return value
+
+
+def check_tensor(name: str, t, dims: int) -> None:
+    """``t`` is a floating-point tensor with ``dims`` dimensions."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+
+
+def check_qkv(q, k, v):
+    """Validate q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` (Hq % Hkv == 0); return ``(B, Hq, Hkv, Lq, Lk, D)``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, 4)
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, Hq, Lq, D = q.shape
+    Bk, Hkv, Lk, Dk = k.shape
+    if tuple(v.shape[:3]) != (Bk, Hkv, Lk):
+        raise ValueError(f"v must match k in [B, Hkv, Lk], got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if Bk != B:
+        raise ValueError(f"q and k must have the same batch size, got {B} and {Bk}")
+    if Dk != D:
+        raise ValueError(f"q and k must have the same head dim, got {D} and {Dk}")
+    if min(B, Hq, Lq, D, Hkv, Lk) < 1:
+        raise ValueError(f"every dimension must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv}) for GQA")
+    return B, Hq, Hkv, Lq, Lk, D
+
+
+def check_kernel_dtype(name: str, dtype: torch.dtype) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {dtype}")
+
+
+def check_head_dim(D: int, what: str = "head dim") -> None:
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{what} must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
+
+
+def check_scale(scale, D: int) -> float:
+    """The softmax scale: ``None`` gives ``1/sqrt(D)``; otherwise a positive finite real number."""
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a positive finite float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    return float(scale)
+
+
+def seqs_tensor(seqs, B: int, device, max_seqs: int) -> torch.Tensor:
+    """Sequence of each query row as int32 on ``device``. Host values (lists, CPU tensors) are range-checked
+    here; a tensor already on the GPU is trusted, since checking it would synchronise."""
+    if seqs is None:
+        if B > max_seqs:
+            raise ValueError(f"q has {B} rows but the cache holds at most max_seqs={max_seqs} sequences")
+        return torch.arange(B, device=device, dtype=torch.int32)
+    if isinstance(seqs, torch.Tensor) and seqs.dtype.is_floating_point:
+        raise TypeError(f"seqs must hold integers, got {seqs.dtype}")
+    on_host = not (isinstance(seqs, torch.Tensor) and seqs.device.type != "cpu")
+    seqs = torch.as_tensor(seqs)
+    if seqs.shape != (B,):
+        raise ValueError(f"seqs must have shape [{B}] (one sequence per query row), got {tuple(seqs.shape)}")
+    if on_host and B and (int(seqs.min()) < 0 or int(seqs.max()) >= max_seqs):
+        raise ValueError(f"seqs must be in [0, max_seqs={max_seqs}), got {seqs.tolist()}")
+    return seqs.to(device=device, dtype=torch.int32)
+
+
+def check_query_fits_cache(q, cache) -> None:
+    """A decode query ``[B, Hq, D]`` that the paged ``cache`` can serve: device, dtype, head dim, GQA."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a [B, Hq, D] tensor, got {getattr(q, 'shape', type(q).__name__)}")
+    B, Hq, D = q.shape
+    check_kernel_dtype("q", q.dtype)
+    if q.dtype != cache.dtype:
+        raise TypeError(f"q is {q.dtype} but the cache holds {cache.dtype}")
+    if D != cache.head_dim:
+        raise ValueError(f"q's head dim ({D}) must equal the cache's ({cache.head_dim})")
+    check_head_dim(D)
+    if Hq % cache.num_kv_heads:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of the cache's KV heads ({cache.num_kv_heads})")
+    if q.device != cache.device:
+        raise ValueError(f"q is on {q.device} but the cache is on {cache.device}")
+
+
+def check_device(t: torch.Tensor, what: str = "q") -> None:
+    """Every op runs where its inputs are. A CPU tensor while a GPU is present would be handed to a CUDA
+    launch: refuse it, naming the rule (the interpreter runs CPU tensors only when chosen before import)."""
+    if t.device.type == "cpu" and _runtime.select_backend() == "cuda":
+        raise ValueError(f"{what} is on the CPU but a GPU is present and the kernels run on it: move the inputs "
+                         "to CUDA, or set TRITON_INTERPRET=1 before importing sparseattn to run the kernels on "
+                         "the CPU")

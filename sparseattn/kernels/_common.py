@@ -1,0 +1,100 @@
+"""Pieces every attention kernel shares: the partial-tile mask, the online-softmax step, the epilogue, tile and
+LSE loads, the document-id lookup, and the constants of base-2 softmax. One copy each.
+
+Shapes: ``M`` query rows, ``N`` key columns of one step, ``D`` the head dim. The mask helper takes index
+tensors already shaped for the caller's orientation — ``[M, 1]`` and ``[1, N]`` for the forward and dQ
+passes, ``[1, M]`` and ``[N, 1]`` for the dK/dV pass (which works on transposed tiles) — and returns an
+allowed-mask of the broadcast shape, so no tile is ever transposed in registers.
+"""
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
+LN2: tl.constexpr = 0.6931471805599453  # back to the natural-log LSE every op returns
+
+
+@triton.jit
+def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
+              band_lo, band_hi, sink_n, sink_lo, sink_hi,
+              BLOCK_K: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr):
+    """Allowed cells of one piece of a partial tile.
+
+    Predicate path (absolute positions ``q_pos``, ``k_pos``)::
+
+        (band_lo <= q - kv <= band_hi)  or  (kv < sink_n and sink_lo <= q - kv <= sink_hi),  and  doc[q] == doc[kv]
+
+    Bits path: bit ``k_col % 8`` of byte ``q_row * BLOCK_K/8 + k_col // 8`` of the tile's packed mask at
+    ``BITS + bits_off`` (``q_row``/``k_col`` are positions inside the layout tile).
+    """
+    if USE_BITS:
+        b_byte = tl.load(BITS + bits_off + q_row * (BLOCK_K // 8) + k_col // 8)
+        allowed = ((b_byte.to(tl.int32) >> (k_col % 8)) & 1) != 0
+    else:
+        d = q_pos - k_pos  # distance q - kv
+        allowed = (d >= band_lo) & (d <= band_hi)
+        if HAS_SINKS:
+            allowed = allowed | ((k_pos < sink_n) & (d >= sink_lo) & (d <= sink_hi))
+        if HAS_DOC:
+            allowed = allowed & (doc_q == doc_k)
+    return allowed
+
+
+@triton.jit
+def doc_ids(DOC, b, stride_doc_b, positions, last, HAS_DOC: tl.constexpr):
+    """Document ids at ``positions`` (clamped to ``last``) of batch row ``b`` (``stride_doc_b = 0`` when one
+    table serves every row). Without documents, ``positions`` itself: a placeholder of the right shape."""
+    ids = positions
+    if HAS_DOC:
+        ids = tl.load(DOC + b.to(tl.int64) * stride_doc_b + tl.minimum(positions, last))
+    return ids
+
+
+@triton.jit
+def online_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """Fold one tile of base-2 scores ``b_s [M, N]`` (masked cells = -inf) and values ``b_v [N, D]`` into the
+    running state (m, l, acc). A row with nothing allowed so far keeps m = -inf; it subtracts 0 instead, so
+    exp2 gives exact zeros rather than NaN."""
+    m_new = tl.maximum(m_i, tl.max(b_s, 1))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_sub)
+    b_p = tl.math.exp2(b_s - m_sub[:, None])  # [M, N]
+    l_i = l_i * alpha + tl.sum(b_p, 1)
+    acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def finalize(m_i, l_i, acc):
+    """``(o [M, D], lse [M])`` from the running state: one division per row, natural-log LSE. A row that saw
+    no allowed key gives o = 0 and lse = -inf."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    b_o = acc / l_safe[:, None]
+    b_lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    return b_o, b_lse
+
+
+@triton.jit
+def load_rows(desc, base, row0, stride_row, b, h, L, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+              USE_TMA: tl.constexpr, CHECK: tl.constexpr):
+    """Rows ``row0 .. row0 + ROWS`` of one (batch, head) as ``[ROWS, HEAD_DIM]``; rows >= L read as 0.
+    With TMA the copy engine does the addressing and the zero fill; otherwise plain loads (masked when
+    ``CHECK``)."""
+    if USE_TMA:
+        b_x = desc.load([b, h, row0, 0]).reshape(ROWS, HEAD_DIM)
+    else:
+        offs = row0 + tl.arange(0, ROWS)
+        ptrs = base + offs[:, None] * stride_row + tl.arange(0, HEAD_DIM)[None, :]
+        if CHECK:
+            b_x = tl.load(ptrs, mask=(offs < L)[:, None], other=0.0)
+        else:
+            b_x = tl.load(ptrs)
+    return b_x
+
+
+@triton.jit
+def load_lse_base2(lse_row, offs_m, m_ok):
+    """Saved natural-log LSE in base 2. Rows past Lq and rows with no key (LSE = -inf) get +inf, so every P
+    recomputed from them is exactly 0."""
+    b_lse = tl.load(lse_row + offs_m, mask=m_ok, other=float("inf"))
+    return tl.where(b_lse == float("-inf"), float("inf"), b_lse) * LOG2E

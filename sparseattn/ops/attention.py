@@ -1,0 +1,80 @@
+"""``sparse_attention``: argument checks, dispatch to the forward kernel, and autograd."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._checks import check_device, check_head_dim, check_kernel_dtype, check_qkv, check_scale
+from ..layout import BlockLayout
+from . import _launch as L
+from .backward import backward
+from .config import BwdConfig, FwdConfig
+from .prefill import forward
+
+
+def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
+    B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, v)
+    check_kernel_dtype("q", q.dtype)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_head_dim(D)
+    if v.shape[-1] != D:
+        raise ValueError(f"v's head dim ({v.shape[-1]}) must equal q's ({D})")
+    L.check_layout_for(layout, B, Hq, Hkv, Lq, Lk, q.device)
+    scale = check_scale(scale, D)
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if tuple(out.shape) != (B, Hq, Lq, D) or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"out must be a {q.dtype} tensor of shape {(B, Hq, Lq, D)} on {q.device}, got "
+                             f"{out.dtype} {tuple(out.shape)} on {out.device}")
+        if out.stride(-1) != 1:
+            raise ValueError("out must have a contiguous last dimension")
+    if config is not None and not isinstance(config, FwdConfig):
+        raise TypeError(f"config must be a FwdConfig or None, got {type(config).__name__}")
+    if bwd_config is not None and not isinstance(bwd_config, BwdConfig):
+        raise TypeError(f"bwd_config must be a BwdConfig or None, got {type(bwd_config).__name__}")
+    check_device(q)
+    return scale
+
+
+class _SparseAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, layout, scale, out, config, deterministic, bwd_config):
+        o, lse = forward(q, k, v, layout, scale, out, config)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.layout, ctx.scale, ctx.deterministic, ctx.bwd_config = layout, scale, deterministic, bwd_config
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = backward(do, q, k, v, o, lse, ctx.layout, ctx.scale, ctx.deterministic, ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
+                     scale: Optional[float] = None, return_lse: bool = False, deterministic: bool = True,
+                     out: Optional[torch.Tensor] = None, *, config: Optional[FwdConfig] = None,
+                     bwd_config: Optional[BwdConfig] = None):
+    """Block-sparse attention over the tiles ``layout`` lists.
+
+    q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]`` (``Hq % Hkv == 0``), fp16/bf16/fp32, D in
+    ``SUPPORTED_HEAD_DIMS``. Returns ``o`` (q's dtype) and, with ``return_lse``, the natural-log LSE
+    ``[B, Hq, Lq]`` float32. Rows with no allowed key give 0 and ``-inf``. ``out`` receives ``o`` when given.
+
+    Differentiable in q, k, v. ``deterministic=True`` (default) computes dK/dV by walking the transposed
+    table and dQ in a separate pass (7 tile matmuls, bitwise-reproducible); ``False`` adds dQ with atomics
+    inside the dK/dV pass (5 tile matmuls, run-to-run rounding differences). ``config``/``bwd_config`` override
+    the tuned tile configs (:class:`FwdConfig`, :class:`BwdConfig`).
+    """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    scale = _check_inputs(q, k, v, layout, scale, out, config, bwd_config)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        o, lse = _SparseAttention.apply(q, k, v, layout, scale, out, config, deterministic, bwd_config)
+    else:
+        o, lse = forward(q, k, v, layout, scale, out, config)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,100 @@
+"""Public tuning objects and the table of tuned defaults.
+
+``FwdConfig``, ``BwdConfig`` and ``DecodeConfig`` are frozen dataclasses a caller may pass as ``config=`` /
+``bwd_config=``. Without one, the op takes the first matching row of its GPU family in
+``sparseattn/data/tuned_configs.json`` (rows are matched on dtype and head dim; tile sizes are clipped to the
+layout's tiles). The sweep suites (``python -m sparseattn.bench <suite> --sweep``) write their best configs in
+the same format, so a retune is a copy of one file.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+
+__all__ = ["FwdConfig", "BwdConfig", "DecodeConfig", "default_config", "gpu_family"]
+
+_TABLE = pathlib.Path(__file__).resolve().parent.parent / "data" / "tuned_configs.json"
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """Forward kernel: ``block_m`` queries per program, ``block_n`` keys per step (both divide the layout's
+    tiles), Triton's ``num_warps``/``num_stages``. ``tma=None`` uses tensor descriptors (TMA) where the GPU and
+    the strides allow; ``warp_specialize`` turns on Triton's producer/consumer warp specialisation."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    tma: Optional[bool] = None
+    warp_specialize: bool = False
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """Backward kernels. As in Triton's fused-attention tutorial, the dK/dV pass keeps a tall key tile
+    (``block_n``) resident and streams thin query tiles (``block_m``) past it; the dQ pass does the opposite
+    (``dq_block_m`` queries resident, ``dq_block_n`` keys per step). ``chunk``: at most this many listed query
+    tiles per dK/dV program (longer columns are split and summed in a fixed order); None derives it from the
+    layout."""
+    block_m: int
+    block_n: int
+    dq_block_m: int
+    dq_block_n: int
+    num_warps: int
+    num_stages: int
+    chunk: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Split-KV decode. ``block_n`` tokens per step (a step may span several pages or part of one);
+    ``programs_per_sm`` is the split target over the whole launch (None: 16, or 8 once the (sequence, KV head)
+    rows alone cover every SM — then splits only trim the tail, and fewer, longer programs spend less on
+    prologues and on the merge; H200 sweep: B=8 dense 0.98 ms at 16 vs 1.15 at 8); ``head_fastest`` launches
+    the KV heads of one split next to each other (they read the same token rows)."""
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    programs_per_sm: Optional[int] = None
+    head_fastest: bool = True
+
+
+_KINDS = {"fwd": FwdConfig, "bwd": BwdConfig, "decode": DecodeConfig}
+
+
+def gpu_family(device: torch.device, interpreter: bool) -> str:
+    """``"interpreter"``, ``"sm90"`` (Hopper), or ``"default"`` for any other GPU."""
+    if interpreter:
+        return "interpreter"
+    major, _ = torch.cuda.get_device_capability(device)
+    return "sm90" if major == 9 else "default"
+
+
+@functools.lru_cache(maxsize=None)
+def _table() -> dict:
+    families = json.loads(_TABLE.read_text())["families"]
+    return {name: families[fam.get("same_as", name)] if "same_as" in fam else fam
+            for name, fam in families.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def default_config(kind: str, family: str, dtype: torch.dtype, head_dim: int):
+    """The tuned default of ``kind`` ("fwd", "bwd", "decode") for this family, dtype and head dim."""
+    name = str(dtype).replace("torch.", "")
+    for row in _table()[family][kind]:
+        if name in row["dtypes"] and head_dim <= row["max_head_dim"]:
+            return _KINDS[kind](**row["config"])
+    raise LookupError(f"no {kind} config for {name}, head dim {head_dim} in family {family!r} of {_TABLE.name}")
+
+
+def clip_tiles(cfg, block_q: int, block_k: int):
+    """The config with its tile sizes clipped to a layout's tiles (kernel tiles must divide them)."""
+    if isinstance(cfg, FwdConfig):
+        return replace(cfg, block_m=min(cfg.block_m, block_q), block_n=min(cfg.block_n, block_k))
+    return replace(cfg, block_m=min(cfg.block_m, block_q), block_n=min(cfg.block_n, block_k),
+                   dq_block_m=min(cfg.dq_block_m, block_q), dq_block_n=min(cfg.dq_block_n, block_k))

@@ -1,0 +1,67 @@
+"""Forward pass of block-sparse prefill attention: config, allocation and the keyword launch."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import _runtime
+from .._checks import LOG2E
+from ..layout import BlockLayout
+from . import _launch as L
+from .config import FwdConfig, clip_tiles, default_config, gpu_family
+
+
+def fwd_config(q: torch.Tensor, layout: BlockLayout) -> FwdConfig:
+    """The tuned default for this GPU family, dtype and head dim, clipped to the layout's tiles."""
+    family = gpu_family(q.device, _runtime.is_interpreter())
+    return clip_tiles(default_config("fwd", family, q.dtype, q.shape[-1]), layout.block_q, layout.block_k)
+
+
+def forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Tensor], config: Optional[FwdConfig]):
+    """``(o, lse)`` on checked arguments. Without ``config``, a GPU short of shared memory for the default
+    tiles falls back to smaller ones."""
+    cfg = config or fwd_config(q, layout)
+    fallbacks = [] if config is not None else [
+        clip_tiles(FwdConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=2), layout.block_q, layout.block_k)
+        for bm, bn in ((64, 64), (32, 32))]
+    return L.with_smaller_tiles(lambda c: _forward_with(q, k, v, layout, scale, out, c), cfg, fallbacks)
+
+
+def _use_tma(cfg: FwdConfig, q, k, v) -> bool:
+    if cfg.tma is False:
+        return False
+    capable = _runtime.is_interpreter() or torch.cuda.get_device_capability(q.device)[0] >= 9
+    return capable and L.tma_ok(q, k, v)
+
+
+def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Tensor], cfg: FwdConfig):
+    from ..kernels import prefill_fwd
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    q, k, v = (L.last_dim_contiguous(t) for t in (q, k, v))
+    if layout.block_q % cfg.block_m or layout.block_k % cfg.block_n:
+        raise ValueError(f"kernel tiles {cfg.block_m}x{cfg.block_n} must divide the layout's "
+                         f"{layout.block_q}x{layout.block_k}")
+    o = out if out is not None else torch.empty_like(q)
+    lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
+    order = L.row_order(layout, cfg.block_m)
+    desc_q = desc_k = desc_v = None
+    if _use_tma(cfg, q, k, v):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        desc_q = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, cfg.block_m, D])
+        desc_k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.block_n, D])
+        desc_v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.block_n, D])
+    L.launch(
+        prefill_fwd.sparse_fwd_kernel, (order.numel(), B * Hq),
+        Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v,
+        **L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"), **L.strides("o", o, "m"),
+        KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index, FULL_COUNT=layout.full_count,
+        FULL_INDEX=layout.full_index, ROW_ORDER=order, **L.mask_kwargs(layout, B),
+        Hq=Hq, **L.head_kwargs(layout, Hq, Hkv), n_qtiles=layout.nq, W=layout.width, FW=layout.full_width,
+        Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale_log2=scale * LOG2E,
+        HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        WARP_SPEC=cfg.warp_specialize and not _runtime.is_interpreter(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return o, lse
