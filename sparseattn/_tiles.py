@@ -1,0 +1,151 @@
+"""Tile-level machinery under :class:`~sparseattn.layout.BlockLayout` and its converters: row lists from block
+masks and back, the O(nnz) transpose, packed tile bits, and the classification of tiles by a mask_mod (tile rule
+first, cells only for undecided tiles, in chunks so memory never grows with ``Lq x Lk``)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .patterns import TileGrid, tile_rule_of
+
+INDEX_DTYPE = torch.int32
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def default_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def cells_per_chunk(device: torch.device) -> int:
+    # int64 index intermediates are 8 bytes a cell: 64M cells ~ 0.5 GB on a GPU, 16M ~ 128 MB on a CPU
+    return 1 << 26 if device.type == "cuda" else 1 << 24
+
+
+def rows_to_lists(blocks: torch.Tensor, width: Optional[int] = None):
+    """Block-level bool ``[..., n]`` -> (count ``[...]``, ascending index ``[..., W]``), padded with 0.
+
+    One pass, no sort: each allowed column goes to slot ``cumsum - 1``; the rest land in a spill slot ``W``
+    that is cut off afterwards.
+    """
+    n = blocks.shape[-1]
+    count = blocks.sum(-1, dtype=torch.int32)
+    if width is None:
+        width = int(count.max()) if count.numel() else 0
+    width = max(width, 1)
+    slot = torch.cumsum(blocks, -1, dtype=torch.int64) - 1
+    slot = torch.where(blocks, slot, torch.full_like(slot, width))
+    index = torch.zeros(*blocks.shape[:-1], width + 1, dtype=torch.int64, device=blocks.device)
+    cols = torch.arange(n, device=blocks.device, dtype=torch.int64).expand_as(slot)
+    index.scatter_(-1, slot, torch.where(blocks, cols, torch.zeros_like(cols)))
+    return count, index[..., :width].to(INDEX_DTYPE).contiguous()
+
+
+def transpose_lists(count: torch.Tensor, index: torch.Tensor, n_cols: int, width: Optional[int] = None):
+    """Transpose row lists ``count [B,H,nr], index [B,H,nr,W]`` into column lists over ``n_cols`` columns.
+
+    O(nnz) on the device: every entry becomes a key ``(bh, column)``; a stable sort by that key keeps rows
+    ascending inside each column (entries are generated in row order); the position of an entry within its
+    column is its rank in the sorted order minus the column's start offset (an exclusive cumsum of counts).
+    """
+    B, H, n_rows, W = index.shape
+    device = index.device
+    BH = B * H
+    valid = torch.arange(W, device=device).view(1, 1, 1, W) < count.unsqueeze(-1)  # [B, H, nr, W]
+    bh = torch.arange(BH, device=device, dtype=torch.int64).view(B, H, 1, 1)
+    n_keys = BH * n_cols
+    key = torch.where(valid, bh * n_cols + index.long(), torch.full_like(bh, n_keys)).flatten()  # [B*H*nr*W]
+    rows = torch.arange(n_rows, device=device, dtype=torch.int64).view(1, 1, n_rows, 1).expand(B, H, n_rows, W)
+    key_sorted, order = torch.sort(key, stable=True)
+    rows_sorted = rows.flatten()[order]
+    slots_sorted = order % W  # entries were generated as (bh, row, slot) with slot fastest
+    col_count = torch.bincount(key, minlength=n_keys + 1)[:n_keys]  # [BH * n_cols]
+    start = torch.cumsum(col_count, 0) - col_count
+    if width is None:
+        width = int(col_count.max()) if col_count.numel() else 0
+    width = max(width, 1)
+    in_range = key_sorted < n_keys
+    safe_key = torch.where(in_range, key_sorted, torch.zeros_like(key_sorted))
+    pos = torch.arange(key_sorted.numel(), device=device) - start[safe_key]
+    out = torch.zeros(n_keys * width + 1, dtype=torch.int64, device=device)  # last element is a spill slot
+    dest = torch.where(in_range, safe_key * width + pos, torch.full_like(pos, n_keys * width))
+    out.scatter_(0, dest, rows_sorted)
+    q_index = out[:-1].view(B, H, n_cols, width).to(INDEX_DTYPE)
+    slot_out = torch.zeros_like(out)
+    slot_out.scatter_(0, dest, slots_sorted)
+    q_slot = slot_out[:-1].view(B, H, n_cols, width).to(INDEX_DTYPE)
+    return col_count.view(B, H, n_cols).to(INDEX_DTYPE), q_index, q_slot
+
+
+def pack_bits(cells: torch.Tensor) -> torch.Tensor:
+    """bool ``[..., bk]`` -> uint8 ``[..., bk // 8]``, bit j of byte i is cell ``8 i + j``."""
+    weights = (1 << torch.arange(8, device=cells.device, dtype=torch.int32)).to(torch.uint8)
+    c = cells.view(*cells.shape[:-1], cells.shape[-1] // 8, 8).to(torch.uint8)
+    return (c * weights).sum(-1, dtype=torch.int32).to(torch.uint8)
+
+
+def unpack_bits(bits: torch.Tensor) -> torch.Tensor:
+    shifts = torch.arange(8, device=bits.device, dtype=torch.uint8)
+    cells = (bits.unsqueeze(-1) >> shifts) & 1
+    return cells.view(*bits.shape[:-1], bits.shape[-1] * 8).bool()
+
+
+def lists_to_blocks(count: torch.Tensor, index: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """Row lists -> block-level bool ``[..., nr, n_cols]`` (spill column for padding)."""
+    W = index.shape[-1]
+    valid = torch.arange(W, device=index.device) < count[..., None]
+    dest = torch.where(valid, index.long().clamp(0, n_cols - 1), torch.full_like(index, n_cols, dtype=torch.int64))
+    out = torch.zeros(*index.shape[:-1], n_cols + 1, dtype=torch.bool, device=index.device)
+    out.scatter_(-1, dest, valid)
+    return out[..., :n_cols]
+
+
+def tile_valid(qi, ki, bq, bk, q_len, kv_len):
+    r = qi[:, None, None] * bq + torch.arange(bq, device=qi.device).view(1, bq, 1)
+    c = ki[:, None, None] * bk + torch.arange(bk, device=qi.device).view(1, 1, bk)
+    return (r < q_len) & (c < kv_len)
+
+
+def eval_tiles(mask_mod, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk) -> torch.Tensor:
+    """Evaluate ``mask_mod`` on whole tiles: bool ``[t, bq, bk]``, False outside the clipped tile."""
+    dev = qi.device
+    r = qi.long()[:, None, None] * bq + torch.arange(bq, device=dev).view(1, bq, 1)  # [t, bq, 1] local rows
+    c = ki.long()[:, None, None] * bk + torch.arange(bk, device=dev).view(1, 1, bk)  # [t, 1, bk]
+    q_ok, k_ok = r < q_len, c < kv_len
+    # clamp so a mask_mod that indexes a per-position table never reads past its end
+    q_abs = r.clamp(max=q_len - 1) + q_offset
+    kv = c.clamp(max=kv_len - 1)
+    out = mask_mod(b.long()[:, None, None], h.long()[:, None, None], q_abs, kv)
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+        raise TypeError(f"mask_mod {getattr(mask_mod, '__name__', mask_mod)!r} must return a bool tensor, "
+                        f"got {getattr(out, 'dtype', type(out).__name__)}")
+    return torch.broadcast_to(out, (qi.numel(), bq, bk)) & q_ok & k_ok
+
+
+def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor]):
+    """Block-level ``(partial, full)`` for ``mask_mod`` (restricted to ``listed`` tiles when given)."""
+    shape = (grid.B, grid.H, grid.nq, grid.nk)
+    bounds = tile_rule_of(mask_mod)(grid)
+    any_lo, any_hi, all_lo, all_hi = (torch.broadcast_to(x.to(grid.device), shape) for x in bounds)
+    full = all_lo.clone()
+    partial = any_lo & ~all_hi & ~full
+    undecided = any_hi & ~full & ~partial
+    if listed is not None:
+        full, partial, undecided = full & listed, partial & listed, undecided & listed
+    b, h, qi, ki = undecided.nonzero(as_tuple=True)
+    step = max(1, cells_per_chunk(grid.device) // (grid.block_q * grid.block_k))
+    for s in range(0, b.numel(), step):
+        sl = slice(s, s + step)
+        cells = eval_tiles(mask_mod, b[sl], h[sl], qi[sl], ki[sl], grid.q_start, grid.q_len, grid.kv_len,
+                            grid.block_q, grid.block_k)
+        valid = tile_valid(qi[sl], ki[sl], grid.block_q, grid.block_k, grid.q_len, grid.kv_len)
+        any_ = cells.flatten(1).any(1)
+        all_ = (cells | ~valid).flatten(1).all(1)
+        full[b[sl], h[sl], qi[sl], ki[sl]] = all_
+        partial[b[sl], h[sl], qi[sl], ki[sl]] = any_ & ~all_
+    return partial.contiguous(), full.contiguous()
