@@ -40,6 +40,22 @@ def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
 
 
 @triton.jit
+def row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, tile_id, BITS, DOC, b, stride_doc_b, Lk,
+                  band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                  BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                  USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr):
+    """:func:`tile_mask` in the row orientation of the forward and dQ passes: allowed ``[BM, BN]`` for query
+    rows ``offs_m_abs`` and keys ``offs_n`` of the partial tile stored at slot ``tile_id`` of the forward
+    table, keys past ``Lk`` cut."""
+    doc_k = doc_ids(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC)  # [BN]
+    col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
+    allowed = tile_mask(offs_m_abs[:, None], offs_n[None, :], row_in_tile[:, None], col_in_tile[None, :],
+                        BITS, tile_id * (BLOCK_Q * BLOCK_K // 8), doc_q[:, None], doc_k[None, :],
+                        band_lo, band_hi, sink_n, sink_lo, sink_hi, BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)
+    return allowed & (offs_n < Lk)[None, :]
+
+
+@triton.jit
 def doc_ids(DOC, b, stride_doc_b, positions, last, HAS_DOC: tl.constexpr):
     """Document ids at ``positions`` (clamped to ``last``) of batch row ``b`` (``stride_doc_b = 0`` when one
     table serves every row). Without documents, ``positions`` itself: a placeholder of the right shape."""

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import doc_ids, load_lse_base2, tile_mask
+from ._common import doc_ids, load_lse_base2, row_tile_mask, tile_mask
 
 
 @triton.jit
@@ -181,14 +181,10 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN]
         b_p = tl.math.exp2(b_s * scale_log2 - b_lse[:, None])
         if MASKED:
-            doc_k = doc_ids(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC)  # [BN]
-            col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
-            bits_off = (row.to(tl.int64) * width + slot) * (BLOCK_Q * BLOCK_K // 8)
-            allowed = tile_mask(offs_m_abs[:, None], offs_n[None, :], row_in_tile[:, None], col_in_tile[None, :],
-                                BITS, bits_off, doc_q[:, None], doc_k[None, :],
-                                band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
-            b_p = tl.where(allowed & n_ok[None, :], b_p, 0.0)
+            allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
+                                    BITS, DOC, b, stride_doc_b, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                    BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
+            b_p = tl.where(allowed, b_p, 0.0)
         else:
             b_p = tl.where(n_ok[None, :], b_p, 0.0)
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION)  # [BM, BN]

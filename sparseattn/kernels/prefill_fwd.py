@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import doc_ids, finalize, load_rows, online_softmax_step, tile_mask
+from ._common import doc_ids, finalize, load_rows, online_softmax_step, row_tile_mask
 
 
 @triton.jit
@@ -35,14 +35,9 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
         b_v = load_rows(desc_v, v_base, n_start, stride_vn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, CHECK)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN] raw scores
         if MASKED:
-            doc_k = doc_ids(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC)  # [BN]
-            col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
-            bits_off = (row.to(tl.int64) * width + slot) * (BLOCK_Q * BLOCK_K // 8)
-            allowed = tile_mask(offs_m_abs[:, None], offs_n[None, :], row_in_tile[:, None], col_in_tile[None, :],
-                                BITS, bits_off, doc_q[:, None], doc_k[None, :],
-                                band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
-            allowed = allowed & (offs_n < Lk)[None, :]
+            allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
+                                    BITS, DOC, b, stride_doc_b, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                    BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
             b_s = tl.where(allowed, b_s * scale_log2, float("-inf"))
             m_i, l_i, acc = online_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
         else:
