@@ -9,8 +9,8 @@ allowed-mask of the broadcast shape, so no tile is ever transposed in registers.
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
-LN2: tl.constexpr = 0.6931471805599453  # back to the natural-log LSE every op returns
+LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
+LN2 = tl.constexpr(0.6931471805599453)  # back to the natural-log LSE every op returns
 
 
 @triton.jit

@@ -1,0 +1,98 @@
+"""Compile every Triton kernel variant of sparseattn for sm_90 (Hopper) on a machine without a GPU.
+
+The Triton interpreter runs kernels on the CPU but skips the compiler's checks (e.g. a global that is not a
+``tl.constexpr``, a type clash between branches); this script runs the real compiler down to a cubin (Triton
+ships ptxas), so CI catches what would otherwise fail first on the GPU. Run in a fresh process:
+``python tests/tools/compile_sm90.py`` prints one line per variant and exits 1 if any failed.
+"""
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import sparseattn._runtime as runtime  # noqa: E402
+
+runtime._BACKEND = "cuda"  # define the kernels as compiled JIT functions, not interpreted ones
+from sparseattn.kernels import decode, prefill_bwd, prefill_fwd, select  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+I32, BF16, F32, U8 = "*i32", "*bf16", "*fp32", "*u8"
+
+
+class _Arg:  # what a @triton.heuristics lambda may look at: a tensor's dtype, or a scalar's value
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+
+def compile_variant(kernel, ptrs: dict, floats=(), consts=None) -> str:
+    """Compile ``kernel`` with pointer args ``ptrs`` (name -> type), fp32 scalars ``floats``, constexprs
+    ``consts`` (None = an absent optional tensor); every other argument is an i32 scalar."""
+    jit = kernel.fn if isinstance(kernel, triton.runtime.autotuner.Heuristics) else kernel
+    consts = dict(consts or {})
+    if jit is not kernel:  # evaluate the heuristics the way a launch would
+        seen = {n: _Arg(torch.bfloat16 if ptrs.get(n) == BF16 else torch.float32) for n in ptrs}
+        seen.update({n: 1 for n in jit.arg_names if n not in ptrs and n not in consts})
+        seen.update(consts)
+        for name, rule in kernel.values.items():
+            consts[name] = rule(seen)
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in jit.arg_names}
+    src = ASTSource(jit, sig, {(jit.arg_names.index(k),): v for k, v in consts.items()})
+    flags = ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper() and not isinstance(v, int))
+    try:
+        triton.compile(src, target=TARGET)
+        return f"ok    {jit.fn.__name__} {flags}"
+    except Exception as e:  # noqa: BLE001 - report every failure, keep going
+        return f"FAIL  {jit.fn.__name__} {flags}: {type(e).__name__}: {str(e)[:2000]}"
+
+
+def variants():
+    mask_kinds = {"predicate+sinks": dict(sink_n=64, BITS=None, DOC=None), "bits": dict(sink_n=0, DOC=None),
+                  "documents": dict(sink_n=0, BITS=None)}
+    for kind, mask in mask_kinds.items():
+        extra = {k: v for k, v in (("BITS", U8), ("DOC", I32)) if k not in mask}
+        fwd = dict(Q=BF16, K=BF16, V=BF16, O=BF16, LSE=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32,
+                   FULL_INDEX=I32, ROW_ORDER=I32, **extra)
+        for d in (64, 128):
+            yield prefill_fwd.sparse_fwd_kernel, fwd, ("scale_log2",), dict(
+                HEAD_DIM=d, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128 if d == 128 else 64,
+                WARP_SPEC=False, desc_q=None, desc_k=None, desc_v=None, **mask)
+        for atomic in (False, True):
+            bwd = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, WS_K=F32, WS_V=F32,
+                       Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32, **extra,
+                       **({"DQ_ACC": F32} if atomic else {}))
+            yield prefill_bwd.dkdv_kernel, bwd, ("scale", "scale_log2"), dict(
+                HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask,
+                **({} if atomic else {"DQ_ACC": None}))
+        dq = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DQ=BF16, KV_COUNT=I32, KV_INDEX=I32,
+                  FULL_COUNT=I32, FULL_INDEX=I32, **extra)
+        yield prefill_bwd.dq_kernel, dq, ("scale", "scale_log2"), dict(
+            HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask)
+    for sel in (False, True):
+        ptrs = dict(Q=BF16, K_PAGES=BF16, V_PAGES=BF16, PAGE_TABLE=I32, SEQ_LENS=I32, SEQS=I32, O_PART=F32,
+                    LSE_PART=F32, **({"SEL_INDEX": I32, "SEL_COUNT": I32} if sel else {}))
+        yield decode.decode_split_kernel, ptrs, ("scale_log2",), dict(
+            HEAD_DIM=128, PAGE_SIZE=16, BLOCK_G=16, BLOCK_N=64, HEAD_FASTEST=True,
+            **({} if sel else {"SEL_INDEX": None, "SEL_COUNT": None}))
+    yield decode.merge_splits_kernel, dict(O_PART=F32, LSE_PART=F32, O=BF16, LSE=F32), (), dict(
+        HEAD_DIM=128, BLOCK_D=32, BLOCK_S=64)
+    yield select.page_bound_kernel, dict(Q=BF16, K_MIN=BF16, K_MAX=BF16, PAGE_TABLE=I32, SEQ_LENS=I32, SEQS=I32,
+                                         BOUND=F32), (), dict(HEAD_DIM=128, PAGE_SIZE=16, BLOCK_G=16, BLOCK_P=64)
+    for block_p in (512, 8192):
+        yield select.topk_pages_kernel, dict(BOUND=F32, SEQ_LENS=I32, SEQS=I32, INDEX=I32, COUNT=I32), (), dict(
+            PAGE_SIZE=16, BLOCK_P=block_p, P_max=1000 if block_p == 512 else 8000)
+
+
+def main() -> int:
+    lines = [compile_variant(k, p, f, c) for k, p, f, c in variants()]
+    print("\n".join(lines))
+    return int(any(line.startswith("FAIL") for line in lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
