@@ -40,14 +40,14 @@ def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
 
 
 @triton.jit
-def row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, tile_id, BITS, DOC, b, stride_doc_b, Lk,
+def row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, tile_id, BITS, DOC_ROW, Lk,
                   band_lo, band_hi, sink_n, sink_lo, sink_hi,
                   BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
                   USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr):
     """:func:`tile_mask` in the row orientation of the forward and dQ passes: allowed ``[BM, BN]`` for query
     rows ``offs_m_abs`` and keys ``offs_n`` of the partial tile stored at slot ``tile_id`` of the forward
     table, keys past ``Lk`` cut."""
-    doc_k = doc_ids(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC)  # [BN]
+    doc_k = doc_ids(DOC_ROW, offs_n, HAS_DOC)  # [BN]
     col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
     allowed = tile_mask(offs_m_abs[:, None], offs_n[None, :], row_in_tile[:, None], col_in_tile[None, :],
                         BITS, tile_id * (BLOCK_Q * BLOCK_K // 8), doc_q[:, None], doc_k[None, :],
@@ -56,12 +56,23 @@ def row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, tile_id, BITS
 
 
 @triton.jit
-def doc_ids(DOC, b, stride_doc_b, positions, last, HAS_DOC: tl.constexpr):
-    """Document ids at ``positions`` (clamped to ``last``) of batch row ``b`` (``stride_doc_b = 0`` when one
-    table serves every row). Without documents, ``positions`` itself: a placeholder of the right shape."""
+def doc_row(DOC, b, stride_doc_b, HAS_DOC: tl.constexpr):
+    """Batch row ``b``'s document-id table (``stride_doc_b = 0`` when one table serves every row); computed
+    once per program, outside the tile loops."""
+    row = DOC
+    if HAS_DOC:
+        row = DOC + b.to(tl.int64) * stride_doc_b
+    return row
+
+
+@triton.jit
+def doc_ids(DOC_ROW, positions, HAS_DOC: tl.constexpr):
+    """Document ids at ``positions``. The table is padded to whole tiles on the host (ops), so the padding
+    rows of the last tile read -1 without a mask or a clamp and the load stays contiguous (it vectorises).
+    Without documents, ``positions`` itself: a placeholder of the right shape."""
     ids = positions
     if HAS_DOC:
-        ids = tl.load(DOC + b.to(tl.int64) * stride_doc_b + tl.minimum(positions, last))
+        ids = tl.load(DOC_ROW + positions)
     return ids
 
 

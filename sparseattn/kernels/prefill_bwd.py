@@ -18,13 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import doc_ids, load_lse_base2, row_tile_mask, tile_mask
+from ._common import doc_ids, doc_row, load_lse_base2, row_tile_mask, tile_mask
 
 
 @triton.jit
 def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_qm, stride_dom, stride_dqm, COL_INDEX, SLOTS, col, col_width, lo, hi,
-                offs_n, n_ok, n_start, doc_k, DOC, stride_doc_b, b, BITS, row_base, W, n_qtiles,
+                offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
                 HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -39,6 +39,18 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
         qi = tl.load(COL_INDEX + col * col_width + pos)
         m_start = qi * BLOCK_Q + (it % SUB_M) * BLOCK_M
         offs_m = m_start + tl.arange(0, BLOCK_M)  # [BM]
+        if MASKED:  # the mask first: its loads (bit bytes, document ids) overlap the tile loads below
+            offs_m_abs = offs_m + q_offset
+            slot = tl.load(SLOTS + col * col_width + pos)  # where this tile's bits sit in the forward table
+            bits_off = ((row_base + qi).to(tl.int64) * W + slot) * (BLOCK_Q * BLOCK_K // 8)
+            row_in_tile = (m_start % BLOCK_Q) + tl.arange(0, BLOCK_M)  # [BM]
+            col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
+            doc_q = doc_ids(DOC_ROW, offs_m_abs, HAS_DOC)  # [BM]
+            allowed = tile_mask(offs_m_abs[None, :], offs_n[:, None], row_in_tile[None, :], col_in_tile[:, None],
+                                BITS, bits_off, doc_q[None, :], doc_k[:, None],
+                                band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)  # [BN, BM]
+            allowed = allowed & n_ok[:, None]
         m_ok = offs_m < Lq
         b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
         b_do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_ok[:, None], other=0.0)
@@ -47,17 +59,7 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
         b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)  # [BN, BM] = (Q K^T)^T
         b_pt = tl.math.exp2(b_st * scale_log2 - b_lse[None, :])
         if MASKED:
-            offs_m_abs = offs_m + q_offset
-            slot = tl.load(SLOTS + col * col_width + pos)  # where this tile's bits sit in the forward table
-            bits_off = ((row_base + qi).to(tl.int64) * W + slot) * (BLOCK_Q * BLOCK_K // 8)
-            row_in_tile = (m_start % BLOCK_Q) + tl.arange(0, BLOCK_M)  # [BM]
-            col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
-            doc_q = doc_ids(DOC, b, stride_doc_b, offs_m_abs, q_offset + Lq - 1, HAS_DOC)  # [BM]
-            allowed = tile_mask(offs_m_abs[None, :], offs_n[:, None], row_in_tile[None, :], col_in_tile[:, None],
-                                BITS, bits_off, doc_q[None, :], doc_k[:, None],
-                                band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)  # [BN, BM]
-            b_pt = tl.where(allowed & n_ok[:, None], b_pt, 0.0)
+            b_pt = tl.where(allowed, b_pt, 0.0)
         # full tiles: keys past Lk are zero rows of K and V, so they add nothing
         b_dv = tl.dot(b_pt.to(b_do.dtype), b_do, b_dv, input_precision=DOT_PRECISION)  # [BN, D]
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION)  # [BN, BM]
@@ -113,7 +115,8 @@ def dkdv_kernel(
     b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
     b_dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     b_dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    doc_k = doc_ids(DOC, b, stride_doc_b, offs_n, Lk - 1, HAS_DOC)  # [BN]
+    DOC_ROW = doc_row(DOC, b, stride_doc_b, HAS_DOC)
+    doc_k = doc_ids(DOC_ROW, offs_n, HAS_DOC)  # [BN]
 
     for g in range(0, group):  # the query heads that share this KV head; dK/dV sum over them
         hq = hkv * group + g
@@ -134,14 +137,14 @@ def dkdv_kernel(
         b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, Q_INDEX, Q_SLOT, col, WT,
                                  tl.minimum(lo, n_partial), tl.minimum(hi, n_partial),
-                                 offs_n, n_ok, n_start, doc_k, DOC, stride_doc_b, b, BITS, row_base, W, n_qtiles,
+                                 offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, True, USE_BITS, HAS_SINKS,
                                  HAS_DOC, ATOMIC_DQ, DOT_PRECISION)
         b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, FULL_Q_INDEX, Q_SLOT, col, FWT,
                                  tl.maximum(lo, n_partial) - n_partial, tl.maximum(hi, n_partial) - n_partial,
-                                 offs_n, n_ok, n_start, doc_k, DOC, stride_doc_b, b, BITS, row_base, W, n_qtiles,
+                                 offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, False, USE_BITS, HAS_SINKS,
                                  HAS_DOC, ATOMIC_DQ, DOT_PRECISION)
@@ -161,7 +164,7 @@ def dkdv_kernel(
 
 @triton.jit
 def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, COUNT, INDEX, row, width,
-              offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b, b, BITS, Lk, scale_log2,
+              offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
               band_lo, band_hi, sink_n, sink_lo, sink_hi,
               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
@@ -178,12 +181,13 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
         n_ok = offs_n < Lk
         b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
         b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        if MASKED:  # the mask first: its loads overlap the dot below
+            allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
+                                    BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                    BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN]
         b_p = tl.math.exp2(b_s * scale_log2 - b_lse[:, None])
         if MASKED:
-            allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
-                                    BITS, DOC, b, stride_doc_b, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                                    BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
             b_p = tl.where(allowed, b_p, 0.0)
         else:
             b_p = tl.where(n_ok[None, :], b_p, 0.0)
@@ -236,14 +240,15 @@ def dq_kernel(
     b_lse = load_lse_base2(LSE + bh.to(tl.int64) * Lq, offs_m, m_ok)
     b_delta = tl.load(DELTA + bh.to(tl.int64) * Lq + offs_m, mask=m_ok, other=0.0)
     b_dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    doc_q = doc_ids(DOC, b, stride_doc_b, offs_m_abs, q_offset + Lq - 1, HAS_DOC)  # [BM]
+    DOC_ROW = doc_row(DOC, b, stride_doc_b, HAS_DOC)
+    doc_q = doc_ids(DOC_ROW, offs_m_abs, HAS_DOC)  # [BM]
 
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, KV_COUNT, KV_INDEX,
-                     row, W, offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b, b, BITS, Lk, scale_log2,
+                     row, W, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, DOT_PRECISION)
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, FULL_COUNT, FULL_INDEX,
-                     row, FW, offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b, b, BITS, Lk, scale_log2,
+                     row, FW, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, DOT_PRECISION)
 

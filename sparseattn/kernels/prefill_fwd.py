@@ -10,12 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import doc_ids, finalize, load_rows, online_softmax_step, row_tile_mask
+from ._common import doc_ids, doc_row, finalize, load_rows, online_softmax_step, row_tile_mask
 
 
 @triton.jit
 def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-               COUNT, INDEX, row, width, offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b, BITS,
+               COUNT, INDEX, row, width, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
                Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
                BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -36,7 +36,7 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN] raw scores
         if MASKED:
             allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
-                                    BITS, DOC, b, stride_doc_b, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                    BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi,
                                     BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
             b_s = tl.where(allowed, b_s * scale_log2, float("-inf"))
             m_i, l_i, acc = online_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
@@ -97,7 +97,8 @@ def sparse_fwd_kernel(
     v_base = V + b.to(tl.int64) * stride_vb + hkv.to(tl.int64) * stride_vh
     m_ok = offs_m < Lq
     b_q = load_rows(desc_q, q_base, m_start, stride_qm, b, hq, Lq, BLOCK_M, HEAD_DIM, USE_TMA, True)  # [BM, D]
-    doc_q = doc_ids(DOC, b, stride_doc_b, offs_m_abs, q_offset + Lq - 1, HAS_DOC)  # [BM]
+    DOC_ROW = doc_row(DOC, b, stride_doc_b, HAS_DOC)  # this batch row's document-id table
+    doc_q = doc_ids(DOC_ROW, offs_m_abs, HAS_DOC)  # [BM]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -105,13 +106,13 @@ def sparse_fwd_kernel(
 
     # ---- partial tiles (token mask), then full tiles (no mask work) --------------------------------------
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-                               KV_COUNT, KV_INDEX, row, W, offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b, BITS,
+                               KV_COUNT, KV_INDEX, row, W, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
                                Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
                                BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, True, USE_BITS, HAS_SINKS, HAS_DOC,
                                EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-                               FULL_COUNT, FULL_INDEX, row, FW, offs_m_abs, row_in_tile, doc_q, DOC, stride_doc_b,
-                               BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                               FULL_COUNT, FULL_INDEX, row, FW, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
+                               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
                                BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, False, USE_BITS, HAS_SINKS, HAS_DOC,
                                EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
 

@@ -65,7 +65,9 @@ def _doc_table(pred: Optional[Predicate], layout: BlockLayout, B: int) -> Option
         need = max(layout.q_offset + layout.q_len, layout.kv_len)
         if ids.shape[-1] < need:
             raise ValueError(f"doc_ids covers {ids.shape[-1]} positions but attention needs {need}")
-        return ids.contiguous()
+        # padded with -1 to whole tiles, so kernels read the ids of a tile's padding rows without a mask
+        whole = max(layout.q_offset + layout.nq * layout.block_q, layout.nk * layout.block_k)
+        return torch.nn.functional.pad(ids, (0, max(0, whole - ids.shape[-1])), value=-1).contiguous()
     ids = layout.plan("doc_ids", build)
     if ids.dim() == 2 and ids.shape[0] != B:
         raise ValueError(f"doc_ids has batch {ids.shape[0]} but q has batch {B}")

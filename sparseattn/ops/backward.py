@@ -11,7 +11,7 @@ from .. import _runtime
 from .._checks import LOG2E
 from ..layout import BlockLayout
 from . import _launch as L
-from .config import BwdConfig, clip_tiles, default_config, gpu_family
+from .config import BwdConfig, layout_default, smaller_tiles
 
 
 class ColumnWork(NamedTuple):
@@ -21,6 +21,8 @@ class ColumnWork(NamedTuple):
     split_subs: torch.Tensor  # key sub-tiles whose column was split
     slots: torch.Tensor  # [len(split_subs), max chunks]: their workspace slots, padded with n_ws (a zero slot)
     chunk: int  # listed query tiles per chunk
+    split_rows: torch.Tensor  # key rows (< Lk) of the split sub-tiles, where their reduced dK/dV go
+    split_pos: torch.Tensor  # each such row's position among the split sub-tiles' rows
 
 
 def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) -> ColumnWork:
@@ -28,25 +30,25 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) 
     tiles so that a column every row visits (a sink) does not become the tail of the launch (``None``: twice
     the mean column length, at least 8). Items are ordered longest first. Items of split columns get a
     workspace slot; their partial dK/dV are summed in a fixed order afterwards (deterministic)."""
-    t = layout.transposed_lists()
-    totals = (t.q_count + t.full_q_count).amax(dim=(0, 1)).long()  # [nk]: the longest over the layout's B, H
-    if chunk is None:
-        nonempty = totals[totals > 0]
-        mean = float(nonempty.float().mean()) if nonempty.numel() else 1.0
-        chunk = max(8, int(2 * mean + 0.999))
-
     def build() -> ColumnWork:
         dev = layout.device
+        t = layout.transposed_lists()
+        totals = (t.q_count + t.full_q_count).amax(dim=(0, 1)).long()  # [nk]: the longest over the layout's B, H
+        size = chunk
+        if size is None:
+            nonempty = totals[totals > 0]
+            mean = float(nonempty.float().mean()) if nonempty.numel() else 1.0
+            size = max(8, int(2 * mean + 0.999))
         sub = layout.block_k // block_n
         n_sub = math.ceil(layout.kv_len / block_n)
-        per_col = torch.clamp((totals + chunk - 1) // chunk, min=1)  # chunks per layout column
+        per_col = torch.clamp((totals + size - 1) // size, min=1)  # chunks per layout column
         per_sub = per_col.repeat_interleave(sub)[:n_sub]  # [n_sub]
         item_sub = torch.repeat_interleave(torch.arange(n_sub, device=dev), per_sub)
         starts = torch.cumsum(per_sub, 0) - per_sub
         item_c = torch.arange(item_sub.numel(), device=dev) - starts[item_sub]
         split = per_sub[item_sub] > 1
         ws_slot = torch.where(split, torch.cumsum(split.long(), 0) - 1, torch.full_like(item_sub, -1))
-        work_len = torch.clamp(totals.repeat_interleave(sub)[:n_sub][item_sub] - item_c * chunk, min=0, max=chunk)
+        work_len = torch.clamp(totals.repeat_interleave(sub)[:n_sub][item_sub] - item_c * size, min=0, max=size)
         order = torch.argsort(work_len, descending=True, stable=True)
         work = torch.stack([item_sub, item_c, ws_slot], 1)[order].to(torch.int32).contiguous()
         n_ws = int(split.sum())
@@ -59,24 +61,23 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) 
             ar = torch.arange(cmax, device=dev)
             valid = ar[None, :] < per_sub[split_subs][:, None]
             slots = torch.where(valid, first[:, None] + ar[None, :], slots)
-        return ColumnWork(work, n_ws, split_subs, slots, chunk)
+        rows = (split_subs[:, None] * block_n + torch.arange(block_n, device=dev)[None, :]).flatten()
+        split_pos = torch.nonzero(rows < layout.kv_len).flatten()
+        return ColumnWork(work, n_ws, split_subs, slots, size, rows[split_pos], split_pos)
     return layout.plan(("column_work", block_n, chunk), build)
 
 
 def bwd_config(q: torch.Tensor, layout: BlockLayout) -> BwdConfig:
     """The tuned default for this GPU family, dtype and head dim, clipped to the layout's tiles."""
-    family = gpu_family(q.device, _runtime.is_interpreter())
-    return clip_tiles(default_config("bwd", family, q.dtype, q.shape[-1]), layout.block_q, layout.block_k)
+    return layout_default("bwd", q.device, _runtime.is_interpreter(), q.dtype, q.shape[-1], layout.block_q,
+                          layout.block_k)
 
 
 def backward(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deterministic: bool,
              config: Optional[BwdConfig] = None):
     """``(dq, dk, dv)``. Without ``config``, a GPU short of shared memory falls back to smaller tiles."""
     cfg = config or bwd_config(q, layout)
-    fallbacks = [] if config is not None else [
-        clip_tiles(BwdConfig(block_m=m, block_n=n, dq_block_m=dm, dq_block_n=dn, num_warps=4, num_stages=2),
-                   layout.block_q, layout.block_k)
-        for m, n, dm, dn in ((32, 64, 64, 32), (16, 32, 32, 16))]
+    fallbacks = () if config is not None else smaller_tiles("bwd", layout.block_q, layout.block_k)
     return L.with_smaller_tiles(
         lambda c: _backward_with(do, q, k, v, o, lse, layout, scale, deterministic, c), cfg, fallbacks)
 
@@ -108,15 +109,12 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
              FULL_Q_INDEX=t.full_q_index, WORK=plan.work, Hkv=Hkv, n_ktiles=layout.nk, WT=t.q_index.shape[-1],
              FWT=t.full_q_index.shape[-1], chunk=plan.chunk, n_ws=max(plan.n_ws, 1), **common,
              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if plan.split_subs.numel():  # fixed-order sum of the chunks of split columns
-        rows = (plan.split_subs[:, None] * cfg.block_n
-                + torch.arange(cfg.block_n, device=q.device)[None, :]).flatten()
-        keep = rows < Lk
+    if plan.split_subs.numel():  # fixed-order sum of the chunks of split columns (no host sync)
         for ws, grad in ((ws_k, dk), (ws_v, dv)):
             padded = torch.cat([ws, ws.new_zeros(B * Hkv, 1, cfg.block_n, D)], 1)  # slot n_ws reads zeros
             summed = padded[:, plan.slots].sum(dim=2)  # [B*Hkv, n_split, BN, D], fixed order
-            summed = summed.view(B, Hkv, -1, D)[:, :, keep]
-            grad[:, :, rows[keep]] = summed.to(grad.dtype)
+            summed = summed.view(B, Hkv, -1, D)[:, :, plan.split_pos]
+            grad[:, :, plan.split_rows] = summed.to(grad.dtype)
     if deterministic:
         dq = torch.empty_like(q)
         L.launch(prefill_bwd.dq_kernel, (math.ceil(Lq / cfg.dq_block_m), B * Hq),

@@ -67,6 +67,7 @@ class DecodeConfig:
 _KINDS = {"fwd": FwdConfig, "bwd": BwdConfig, "decode": DecodeConfig}
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_family(device: torch.device, interpreter: bool) -> str:
     """``"interpreter"``, ``"sm90"`` (Hopper), or ``"default"`` for any other GPU."""
     if interpreter:
@@ -92,8 +93,29 @@ def default_config(kind: str, family: str, dtype: torch.dtype, head_dim: int):
     raise LookupError(f"no {kind} config for {name}, head dim {head_dim} in family {family!r} of {_TABLE.name}")
 
 
+@functools.lru_cache(maxsize=None)
+def layout_default(kind: str, device: torch.device, interpreter: bool, dtype: torch.dtype, head_dim: int,
+                   block_q: int, block_k: int):
+    """The default config of ``kind`` for these inputs, clipped to a layout's tiles (cached: the per-call host
+    path of an op is a dictionary lookup)."""
+    return clip_tiles(default_config(kind, gpu_family(device, interpreter), dtype, head_dim), block_q, block_k)
+
+
+@functools.lru_cache(maxsize=None)
+def smaller_tiles(kind: str, block_q: int, block_k: int) -> tuple:
+    """Configs to retry with when a GPU lacks the shared memory for the defaults (a T4 has 64 KiB)."""
+    if kind == "fwd":
+        return tuple(clip_tiles(FwdConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=2), block_q, block_k)
+                     for bm, bn in ((64, 64), (32, 32)))
+    return tuple(clip_tiles(BwdConfig(block_m=m, block_n=n, dq_block_m=dm, dq_block_n=dn, num_warps=4, num_stages=2),
+                            block_q, block_k) for m, n, dm, dn in ((32, 64, 64, 32), (16, 32, 32, 16)))
+
+
 def clip_tiles(cfg, block_q: int, block_k: int):
-    """The config with its tile sizes clipped to a layout's tiles (kernel tiles must divide them)."""
+    """The config with its tile sizes clipped to a layout's tiles (kernel tiles must divide them); decode
+    configs have no layout tiles and pass through."""
+    if isinstance(cfg, DecodeConfig):
+        return cfg
     if isinstance(cfg, FwdConfig):
         return replace(cfg, block_m=min(cfg.block_m, block_q), block_n=min(cfg.block_n, block_k))
     return replace(cfg, block_m=min(cfg.block_m, block_q), block_n=min(cfg.block_n, block_k),

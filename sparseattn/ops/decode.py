@@ -11,7 +11,7 @@ from .. import _runtime
 from .._checks import check_device, LOG2E, check_query_fits_cache, check_scale, seqs_tensor
 from ..paged import PagedKVCache, PageSelection
 from . import _launch as L
-from .config import DecodeConfig, default_config, gpu_family
+from .config import DecodeConfig, layout_default
 
 DECODE_MAX_SPLITS = 64  # per row, unless fewer would leave SMs idle: the merge then reads one chunk per row
 
@@ -67,7 +67,7 @@ def sparse_decode(q: torch.Tensor, cache: PagedKVCache, pages: Optional[PageSele
     from ..kernels import decode
     q = L.last_dim_contiguous(q)
     group = Hq // Hkv
-    cfg = config or default_config("decode", gpu_family(q.device, _runtime.is_interpreter()), q.dtype, D)
+    cfg = config or layout_default("decode", q.device, _runtime.is_interpreter(), q.dtype, D, 0, 0)
     cap_pages = pages.capacity if pages is not None else cache.max_pages_per_seq
     sms = L.num_sms(q.device)
     n_splits, per_split = decode_splits(B, Hkv, cap_pages * cache.page_size, cfg.block_n, sms,

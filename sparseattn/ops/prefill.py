@@ -9,22 +9,20 @@ from .. import _runtime
 from .._checks import LOG2E
 from ..layout import BlockLayout
 from . import _launch as L
-from .config import FwdConfig, clip_tiles, default_config, gpu_family
+from .config import FwdConfig, layout_default, smaller_tiles
 
 
 def fwd_config(q: torch.Tensor, layout: BlockLayout) -> FwdConfig:
     """The tuned default for this GPU family, dtype and head dim, clipped to the layout's tiles."""
-    family = gpu_family(q.device, _runtime.is_interpreter())
-    return clip_tiles(default_config("fwd", family, q.dtype, q.shape[-1]), layout.block_q, layout.block_k)
+    return layout_default("fwd", q.device, _runtime.is_interpreter(), q.dtype, q.shape[-1], layout.block_q,
+                          layout.block_k)
 
 
 def forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Tensor], config: Optional[FwdConfig]):
     """``(o, lse)`` on checked arguments. Without ``config``, a GPU short of shared memory for the default
     tiles falls back to smaller ones."""
     cfg = config or fwd_config(q, layout)
-    fallbacks = [] if config is not None else [
-        clip_tiles(FwdConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=2), layout.block_q, layout.block_k)
-        for bm, bn in ((64, 64), (32, 32))]
+    fallbacks = () if config is not None else smaller_tiles("fwd", layout.block_q, layout.block_k)
     return L.with_smaller_tiles(lambda c: _forward_with(q, k, v, layout, scale, out, c), cfg, fallbacks)
 
 
