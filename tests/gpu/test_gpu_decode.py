@@ -46,7 +46,7 @@ def _bf16_cache(B, L, page_size, Hkv=8, D=128, max_pages=None):
 
 @pytest.mark.parametrize("chunked", [False, True])
 def test_bf16_select_pages_is_the_top_k_of_its_bound(chunked, monkeypatch):
-    from sparseattn import routing
+    from sparseattn import reference, routing
     if chunked:
         monkeypatch.setattr(routing, "_TOPK_BLOCK", 512)
     torch.manual_seed(1)
