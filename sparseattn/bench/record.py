@@ -38,14 +38,15 @@ class Impl:
     NAIVE = "naive"  #: masked dense attention in eager PyTorch
     TORCH_EAGER = "torch eager (reference)"  #: an eager PyTorch reference of one of our kernels
     READ_CEILING = "read-ceiling"  #: one streaming read of the same bytes (a bandwidth ceiling)
+    #: every name above
     ALL = frozenset({OURS, OURS_ATOMIC, OURS_NOSPLIT, FLEX, CUDNN, FA2, NAIVE, TORCH_EAGER, READ_CEILING})
 
 
 class Pass:
     """Pass names, as they appear in the ``"pass"`` field."""
-    FWD = "fwd"
-    BWD = "bwd"
-    FWD_BWD = "fwd+bwd"
+    FWD = "fwd"  #: the forward pass
+    BWD = "bwd"  #: the backward pass alone (from a kept forward)
+    FWD_BWD = "fwd+bwd"  #: forward and backward
     LAYOUT = "layout"  #: building a block table
     TRANSPOSE = "transpose"  #: transposing a block table on the device
     DECODE = "decode"  #: decode over the paged cache (all pages or a selection)
@@ -57,6 +58,7 @@ class Pass:
     SELECT_DECODE_GRAPH = "select+decode (CUDA graph)"  #: the same step replayed from one CUDA graph
     SWEEP = "sweep"  #: one decode tile/split config of a sweep
     READ = "read"  #: a streaming read of the K/V bytes
+    #: every name above
     ALL = frozenset({FWD, BWD, FWD_BWD, LAYOUT, TRANSPOSE, DECODE, DECODE_DENSE, DECODE_BLOCK_MASK, DECODE_GRAPH,
                      SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, READ})
 

@@ -144,6 +144,9 @@ def decode_sweep_figure(doc: BenchFile) -> go.Figure:
             continue
         c = r.case
         by_case.setdefault(f"B={c['B']} L={c['N'] // 1024}k {c['pattern']}", []).append(r)
+    if not by_case:
+        raise LookupError(f"no decode sweep rows in this {doc.suite!r} file (measured {doc.meta['date'][:10]}); "
+                          "a sweep run writes them: load it with book.load_bench('decode', sweep=True)")
     for name, rows in by_case.items():
         best = min(r.ms for r in rows)
         pts = sorted((r.extra["config"]["programs_per_sm"], r.ms / best) for r in rows
