@@ -441,3 +441,20 @@ def test_recorded_figures_fail_loudly_on_a_missing_series():
     without_sweep = BenchFile(decode.meta, tuple(r for r in decode.records if r.pass_ != Pass.SWEEP))
     with pytest.raises(LookupError, match="sweep"):
         ch07_decode.decode_sweep_figure(without_sweep)
+
+
+def test_wheel_ships_the_subpackages_and_the_tuned_table(tmp_path):
+    """A non-editable install (Colab's ``pip install git+...``) gets bench/, viz/ and the defaults table."""
+    pytest.importorskip("setuptools")
+    import shutil
+    import subprocess
+    import zipfile
+    src = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "_build", "_vendor", "*.egg-info", "build",
+                                                             "__pycache__", ".pytest_cache", ".hypothesis"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    names = zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))).namelist()
+    for want in ("sparseattn/data/tuned_configs.json", "sparseattn/bench/record.py", "sparseattn/bench/__main__.py",
+                 "sparseattn/viz/ch07_decode.py", "sparseattn/ops/config.py", "sparseattn/kernels/_common.py"):
+        assert want in names, want
