@@ -458,3 +458,38 @@ def test_wheel_ships_the_subpackages_and_the_tuned_table(tmp_path):
     for want in ("sparseattn/data/tuned_configs.json", "sparseattn/bench/record.py", "sparseattn/bench/__main__.py",
                  "sparseattn/viz/ch07_decode.py", "sparseattn/ops/config.py", "sparseattn/kernels/_common.py"):
         assert want in names, want
+
+
+def test_main_wiring_with_a_stand_in_suite(monkeypatch, tmp_path, capsys):
+    """main() on a 'GPU': default lengths, the suite's records written where --out says, the table last."""
+    from sparseattn.bench import __main__ as M
+    from sparseattn.bench import prefill
+    from sparseattn.ops import config
+    recs, _, _ = _sweep_records()
+    seen = {}
+
+    def run(args):
+        seen.update(n=args.n, device=args.device, sweep=args.sweep)
+        return recs, [{"pattern": "causal", "N": 1024, "ours_ms": 1.0}], ["pattern", "N", "ours_ms"]
+    fake = types.SimpleNamespace(NAME="prefill", DEFAULT_N=prefill.DEFAULT_N, CONFIG_KIND="fwd", run=run,
+                                 sweep_rows=prefill.sweep_rows)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(M, "suite_module", lambda name: fake)
+    monkeypatch.setattr(C, "environment", lambda: dict(ENV))
+    monkeypatch.setattr(config, "gpu_family", lambda device, interpreter: "sm90")
+    assert M.main(["prefill", "--out", str(tmp_path), "--sweep"]) == 0
+    assert seen == {"n": prefill.DEFAULT_N, "device": "cuda", "sweep": True}
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2:] == ["pattern     N  ours_ms", " causal  1024      1.0"]  # the table comes last
+    assert f"wrote {tmp_path / 'prefill-defaults-h200.json'}" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill-defaults-h200.json", "prefill-sweep-h200.json"]
+
+
+def test_environment_and_backend_context_on_cpu():
+    env = C.environment()
+    assert {"date", "torch", "triton", "python", "sparseattn", "device"} <= set(env)
+    for name in ("cudnn", "fa2"):
+        with C.sdpa_backend(name):
+            pass
+    with pytest.raises(KeyError):
+        C.sdpa_backend("flash3")
