@@ -1,6 +1,7 @@
 """Shared setup for the book's notebooks: ``from sparseattn import book; env = book.setup()``.
 
-One import gives every chapter the same plotting mode, seeds, recorded benchmark data and widget helper:
+One import gives every chapter the same plotting mode, seeds, recorded benchmark data (as
+:class:`~sparseattn.bench.record.BenchFile`, the typed records the suites write) and widget helper:
 
 * in the **static book build** (``SPARSEATTN_BOOK_BUILD=1``, set by ``book/_ext/offline_assets.py``) figures
   are written as HTML that uses the page's single shared ``plotly.min.js`` (no CDN, no per-figure copy) and
@@ -25,11 +26,13 @@ import torch
 
 import sparseattn
 
+from .bench.record import DEFAULT_DIR, BenchFile, bench_filename, load
+
 # Must equal `repository.url` in _config.yml (tests/test_book.py checks it): Colab installs from here.
 REPOSITORY = "https://github.com/sparseattn/sparseattn"
 BRANCH = "main"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-BENCH_DIR = ROOT / "book" / "data" / "bench"
+BENCH_DIR = DEFAULT_DIR
 
 
 def is_static_build() -> bool:
@@ -85,21 +88,21 @@ def setup(seed: int = 0) -> Env:
     return env
 
 
-def load_bench(suite: str, gpu: str = "h200") -> dict:
-    """A recorded benchmark file ``<suite>-<gpu>.json`` from book/data/bench (or from the repository when
-    the package was installed without the book, as on Colab)."""
-    name = f"{suite}-{gpu}.json"
-    path = BENCH_DIR / name
-    if path.exists():
-        return json.loads(path.read_text())
+def load_bench(suite: str, gpu: str = "h200", *, sweep: bool = False) -> BenchFile:
+    """A recorded benchmark file ``<suite>-<gpu>.json`` (``sweep=True``: ``<suite>-sweep-<gpu>.json``) as a
+    :class:`~sparseattn.bench.record.BenchFile`, from book/data/bench or, when the package was installed
+    without the book (as on Colab), from the repository."""
+    name = bench_filename(suite, gpu, "sweep" if sweep else None)
+    if (BENCH_DIR / name).exists():
+        return load(suite, gpu, sweep=sweep, directory=BENCH_DIR)
     url = f"{REPOSITORY.replace('github.com', 'raw.githubusercontent.com')}/{BRANCH}/book/data/bench/{name}"
     with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 (fixed https URL)
-        return json.loads(r.read().decode())
+        return BenchFile.from_json(json.loads(r.read().decode()))
 
 
-def caption(doc: dict) -> str:
+def caption(doc: BenchFile) -> str:
     """Where and when a recorded file was measured, for figure titles."""
-    return (f"measured on {doc['device']}, {doc['date'][:10]}, torch {doc['torch']}, triton {doc['triton']}")
+    return doc.caption()
 
 
 def interact(fn: Callable, **grid):

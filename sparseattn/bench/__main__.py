@@ -1,0 +1,94 @@
+"""Benchmarks: ``python -m sparseattn.bench <suite> [--out DIR] [options]``.
+
+Each suite fits in one 10-minute GPU run, measures our kernels and the strongest baselines on the same
+work in the same process, shows its progress over cases on stderr, writes ``<suite>-<gpu>.json`` into
+``--out`` (default ``book/data/bench/``) and prints a short table last. Suites: ``prefill`` (forward kernel
+vs FlexAttention, cuDNN, FA2, naive), ``backward`` (deterministic and atomic backward vs FlexAttention,
+cuDNN, FA2; determinism; column splitting), ``layout`` (building the block table vs FlexAttention's
+``create_block_mask``), ``decode`` (paged-cache decode, dense and Quest-selected, vs SDPA and FlexAttention
+decode, and a streaming-read ceiling), ``decode_keep`` (decode and the CUDA-graph step vs the fraction of
+pages kept).
+
+``--sweep`` (prefill, backward, decode) also times a set of kernel configs and writes
+``<suite>-sweep-<gpu>.json`` (every row, the sweep's included) and ``<suite>-defaults-<gpu>.json`` (the best
+config per dtype and head dim, in the row format of ``sparseattn/data/tuned_configs.json``) instead of
+``<suite>-<gpu>.json``, so a sweep never overwrites the recorded suite.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+import torch
+
+from . import _common as C
+
+#: suite name -> module (imported when the suite runs)
+SUITES = {"prefill": "prefill", "layout": "layout_build", "backward": "backward", "decode": "decode",
+          "decode_keep": "decode_keep"}
+
+
+def suite_module(name: str):
+    """The module of suite ``name`` (``run(args)``, ``NAME``, ``DEFAULT_N``, ``CONFIG_KIND``, ``sweep_rows``)."""
+    if name not in SUITES:
+        raise ValueError(f"suite must be one of {sorted(SUITES)}, got {name!r}")
+    return importlib.import_module(f"{__package__}.{SUITES[name]}")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sparseattn.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", choices=sorted(SUITES))
+    ap.add_argument("--out", default=C.DEFAULT_OUT, help="directory for <suite>-<gpu>.json (default: %(default)s)")
+    ap.add_argument("--n", default=None, help="comma-separated sequence lengths")
+    ap.add_argument("--patterns", default=None, help="comma-separated prefill patterns")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time a set of kernel configs (prefill, backward, decode); writes "
+                         "<suite>-sweep-<gpu>.json and <suite>-defaults-<gpu>.json instead of <suite>-<gpu>.json")
+    ap.add_argument("--naive-max-bytes", type=float, default=24e9)
+    return ap
+
+
+def write_outputs(module, records, out_dir: str, env: dict, sweep: bool, family: Optional[str]) -> List[str]:
+    """Write the suite's files; return their paths. Without ``sweep``: ``<suite>-<gpu>.json``. With it:
+    ``<suite>-sweep-<gpu>.json`` and ``<suite>-defaults-<gpu>.json`` (defaults for GPU ``family``)."""
+    if not sweep:
+        return [C.write_json(module.NAME, records, out_dir, env)]
+    from .defaults import defaults_doc
+    from .record import bench_filename
+    paths = [C.write_json(module.NAME, records, out_dir, env, variant="sweep")]
+    doc = defaults_doc(module.NAME, module.CONFIG_KIND, family, module.sweep_rows(records), env)
+    paths.append(C.write_doc(doc, out_dir, bench_filename(module.NAME, C.gpu_slug(env["device"]), "defaults")))
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    module = suite_module(args.suite)
+    if args.sweep and module.CONFIG_KIND is None:
+        ap.error(f"--sweep applies to the suites with configs to tune (prefill, backward, decode), not {args.suite}")
+    if not torch.cuda.is_available():
+        print("the benchmarks need a CUDA GPU", file=sys.stderr)
+        return 2
+    args.device = "cuda"
+    if args.n is None:
+        args.n = module.DEFAULT_N
+    records, table, cols = module.run(args)
+    from ..ops.config import gpu_family
+    paths = write_outputs(module, records, args.out, C.environment(), args.sweep,
+                          gpu_family(torch.device("cuda"), interpreter=False))
+    print()
+    for p in paths:
+        print(f"wrote {p}")
+    C.print_table(table, cols)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Suite ``prefill``: the forward kernel against FlexAttention (same block mask), SDPA's cuDNN and FA2
+(dense and causal: the work of the pattern's envelope) and naive masked attention where it fits.
+``--sweep`` also times a set of forward tile configs at the largest N."""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from ..ops import FwdConfig, sparse_attention
+from . import _common as C
+from .cases import PREFILL_PATTERNS, dense_pattern_of, prefill_layout
+from .record import Impl, Pass, Record
+
+NAME = "prefill"
+DEFAULT_N = "4096,8192,16384,32768,65536"
+CONFIG_KIND = "fwd"  # the row kind of tuned_configs.json its sweep tunes
+COLUMNS = ["pattern", "N", "ours_ms", "tile_TF/s", "flex_ms", "flex/ours", "cudnn_ms", "cudnn/ours", "naive_ms",
+           "err_vs_flex"]
+
+
+def setup(args):
+    """Shapes shared by the prefill and backward suites: B=1, H heads, head dim D, bf16, lengths, patterns."""
+    Ns = [int(x) for x in args.n.split(",")]
+    patterns = args.patterns.split(",") if args.patterns else PREFILL_PATTERNS
+    return 1, args.heads, args.head_dim, torch.bfloat16, Ns, patterns
+
+
+def sweep_configs(D: int) -> List[FwdConfig]:
+    """The forward tile configs ``--sweep`` times (the first is the H200 default)."""
+    return [FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=None, warp_specialize=False),
+            FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=None, warp_specialize=True),
+            FwdConfig(block_m=128, block_n=128, num_warps=4, num_stages=3, tma=None, warp_specialize=True),
+            FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=2, tma=None, warp_specialize=True),
+            FwdConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, tma=None, warp_specialize=True),
+            FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=None, warp_specialize=False),
+            FwdConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, tma=None, warp_specialize=False),
+            FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=False, warp_specialize=False)]
+
+
+def run(args) -> tuple:
+    """Measure every (N, pattern); return (records, table rows, table columns)."""
+    B, H, D, dtype, Ns, patterns = setup(args)
+    dev = args.device
+    records, table = [], []
+    with C.progress(len(Ns) * len(patterns), NAME) as bar:
+        for N in Ns:
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=dtype) for _ in range(3))
+            base = dict(N=N, B=B, H=H, D=D, dtype="bf16")
+            dense_ms = {}
+            bar.set_postfix_str(f"dense baselines N={N}")
+            for impl in (Impl.CUDNN, Impl.FA2):
+                for causal in (False, True):
+                    try:
+                        ms = C.time_gpu(C.sdpa_fn(q, k, v, impl, causal))
+                    except RuntimeError as e:  # backend refused the shape
+                        C.note(f"{impl} causal={causal} N={N}: {e}")
+                        continue
+                    pat = "causal" if causal else "dense"
+                    dense_ms[(impl, pat)] = ms
+                    flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0)
+                    records.append(Record({**base, "pattern": pat}, impl, Pass.FWD, ms,
+                                          {"tflops": flops / ms / 1e9}))
+            for pattern in patterns:
+                bar.set_postfix_str(f"{pattern} N={N}")
+                _pattern(args, q, k, v, base, pattern, N, Ns, dense_ms, records, table)
+                bar.update()
+            C.empty_cache()
+    return records, table, COLUMNS
+
+
+def _pattern(args, q, k, v, base, pattern, N, Ns, dense_ms, records, table) -> None:
+    B, H, _, D = q.shape
+    layout = prefill_layout(pattern, N, device=args.device)
+    flops = C.tile_flops(layout, H, D)
+    st = layout.stats()
+    case = {**base, "pattern": pattern, "block": 128, "tiles": st["listed_tiles"],
+            "full_tiles": st["full_tiles"], "partial_tiles": st["partial_tiles"],
+            "logical_density": st["logical_density"], "tile_amplification": st["tile_amplification"]}
+    ours = lambda: sparse_attention(q, k, v, layout)  # noqa: E731
+    o_ours = ours()
+    ms_ours = C.time_gpu(ours)
+    row = {"pattern": pattern, "N": N, "ours_ms": round(ms_ours, 3), "tile_TF/s": round(flops / ms_ours / 1e9)}
+    records.append(Record(case, Impl.OURS, Pass.FWD, ms_ours, {"tile_tflops": flops / ms_ours / 1e9}))
+    if not args.no_flex:
+        flex = C.flex_fn(q, k, v, layout.to_flex())
+        o_flex = flex()
+        ms_flex = C.time_gpu(flex)
+        err = C.rel_err(o_ours, o_flex)
+        records.append(Record(case, Impl.FLEX, Pass.FWD, ms_flex,
+                              {"tile_tflops": flops / ms_flex / 1e9, "rel_err_ours_vs_flex": err}))
+        row.update({"flex_ms": round(ms_flex, 3), "flex/ours": round(ms_flex / ms_ours, 2),
+                    "err_vs_flex": f"{err:.1e}"})
+    same_work = dense_ms.get((Impl.CUDNN, dense_pattern_of(pattern)))
+    if same_work:
+        row["cudnn_ms"] = round(same_work, 3)
+        row["cudnn/ours"] = round(same_work / ms_ours, 2)
+    if B * H * N * N * 2 * 3 <= args.naive_max_bytes:
+        dense_mask = layout.to_dense()
+        ms_naive = C.time_gpu(C.naive_fn(q, k, v, dense_mask))
+        records.append(Record(case, Impl.NAIVE, Pass.FWD, ms_naive))
+        row["naive_ms"] = round(ms_naive, 2)
+        del dense_mask
+    table.append(row)
+    if args.sweep and N == max(Ns):
+        for cfg in sweep_configs(D):
+            try:
+                ms = C.time_gpu(lambda: sparse_attention(q, k, v, layout, config=cfg))
+            except Exception as e:  # a config that does not compile (shared memory) is skipped
+                C.note(f"config {cfg} failed: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            records.append(Record(case, Impl.OURS, Pass.FWD, ms, {"config": C.config_dict(cfg), "sweep": True,
+                                                                  "tile_tflops": flops / ms / 1e9}))
+            C.note(f"sweep {pattern} N={N} {cfg}: {ms:.3f} ms")
+
+
+def sweep_rows(records: List[Record]) -> List[Record]:
+    """The rows of the config sweep (each with its ``config``)."""
+    return [r for r in records if r.is_sweep and r.pass_ == Pass.FWD]

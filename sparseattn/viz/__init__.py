@@ -1,0 +1,30 @@
+"""Figures for the book, one module per chapter (``from sparseattn.viz import ch05_prefill as viz``).
+
+Each function computes for one configuration, or reads recorded measurements through
+:mod:`sparseattn.bench.record`, and returns a ``plotly`` Figure; live notebooks wrap them in widgets, the
+static book sweeps them with ``book.static_explorer``. Imported only by notebooks (it imports plotly).
+
+:data:`COLORS` gives every implementation one colour across the whole book, keyed by the
+:class:`~sparseattn.bench.record.Impl` names the records carry.
+"""
+from __future__ import annotations
+
+from ..bench.record import Impl
+
+#: One colour per implementation, everywhere in the book.
+COLORS = {
+    Impl.OURS: "#d62728",
+    Impl.OURS_ATOMIC: "#ff9896",
+    Impl.OURS_NOSPLIT: "#e377c2",
+    Impl.FLEX: "#1f77b4",
+    Impl.CUDNN: "#2ca02c",
+    Impl.FA2: "#9467bd",
+    Impl.NAIVE: "#7f7f7f",
+    Impl.TORCH_EAGER: "#8c564b",
+    Impl.READ_CEILING: "#000000",
+}
+#: A lighter shade of an implementation's colour, for a second series of the same implementation
+#: (our selected step beside our decode, FlexAttention's block mask beside its dense decode).
+LIGHT = {Impl.OURS: "#ff9896", Impl.FLEX: "#aec7e8"}
+
+__all__ = ["COLORS", "LIGHT"]

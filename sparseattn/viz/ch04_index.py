@@ -1,0 +1,87 @@
+"""Chapter 4, index formats and traversal direction: the same tiles listed by rows and by columns, what
+the tables cost in bytes against the K/V they index, and the on-device transpose."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from .. import patterns as P
+from ..layout import BlockLayout
+
+__all__ = ["table_heatmaps", "index_bytes_figure", "transpose_cost_figure"]
+
+
+def table_heatmaps(layout: BlockLayout, title: str = "") -> go.Figure:
+    """Forward rows (which key tiles each query tile visits) next to the transposed columns (which query
+    tiles visit each key tile), drawn as ``rank within the list`` so the traversal order shows."""
+    import numpy as np
+    nq, nk = layout.nq, layout.nk
+    fwd = np.full((nq, nk), np.nan)
+    for count, index, off in ((layout.kv_count, layout.kv_index, 0), (layout.full_count, layout.full_index, 0.5)):
+        for i in range(nq):
+            for r, j in enumerate(index[0, 0, i, : int(count[0, 0, i])].tolist()):
+                fwd[i, j] = r + off
+    bwd = np.full((nq, nk), np.nan)
+    for count, index, off in ((layout.q_count, layout.q_index, 0), (layout.full_q_count, layout.full_q_index, 0.5)):
+        for j in range(nk):
+            for r, i in enumerate(index[0, 0, j, : int(count[0, 0, j])].tolist()):
+                bwd[i, j] = r + off
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward: row i lists key tiles (dQ, O)",
+                                                         "transposed: column j lists query tiles (dK, dV)"))
+    fig.add_trace(go.Heatmap(z=fwd.tolist(), colorscale="Blues", showscale=False, xgap=1, ygap=1,
+                             hovertemplate="q tile %{y}, kv tile %{x}: position %{z}<extra></extra>"), 1, 1)
+    fig.add_trace(go.Heatmap(z=bwd.tolist(), colorscale="Oranges", showscale=False, xgap=1, ygap=1,
+                             hovertemplate="q tile %{y}, kv tile %{x}: position %{z}<extra></extra>"), 1, 2)
+    for c in (1, 2):
+        fig.update_yaxes(autorange="reversed", title_text="query tile", row=1, col=c)
+        fig.update_xaxes(title_text="key tile", row=1, col=c)
+    fig.update_layout(title=title or "The same tiles, listed by rows and by columns (shade = position in the list; "
+                      "full tiles +0.5)", height=430, title_font_size=12)
+    return fig
+
+
+def index_bytes_figure(Ns=(4096, 8192, 16384, 32768, 65536, 131072), H: int = 16, D: int = 128) -> go.Figure:
+    """Bytes of the block tables (forward + transposed) against the bytes of K and V they index (bf16)."""
+    pats = {"window 1024": P.sliding_window(1024),
+            "sinks 64 + window 1024": P.sinks_window(64, 1024),
+            "causal": P.causal()}
+    fig = go.Figure()
+    for name, mm in pats.items():
+        ratios = []
+        for N in Ns:
+            st = BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cpu").stats()
+            kv_bytes = 2 * N * H * D * 2  # K and V, bf16, one layout shared by H heads
+            ratios.append((st["index_bytes"] + st["transposed_index_bytes"]) / kv_bytes)
+        fig.add_trace(go.Scatter(x=list(Ns), y=ratios, mode="lines+markers", name=name))
+    fig.update_layout(title=f"Index bytes / K+V bytes (block 128, H={H}, D={D}, bf16, one table shared by the heads)",
+                      xaxis_title="N", yaxis_title="ratio", xaxis_type="log", yaxis_type="log", height=400,
+                      title_font_size=12)
+    return fig
+
+
+def transpose_cost_figure(Ns=(2048, 4096, 8192, 16384, 32768), block: int = 64, repeat: int = 5) -> go.Figure:
+    """Time of the on-device transpose (here: on this machine's device) against the number of listed tiles."""
+    import time
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    fig = go.Figure()
+    for name, mm in (("window 1024", P.sliding_window(1024)), ("causal", P.causal())):
+        xs, ys = [], []
+        for N in Ns:
+            lay = BlockLayout.from_mask_mod(mm, N, N, block, block, device=dev)
+            best = float("inf")
+            for _ in range(repeat):
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                lay.transpose(width=lay.nq)
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            xs.append(int(lay.kv_count.sum() + lay.full_count.sum()))
+            ys.append(best * 1e3)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name))
+    fig.update_layout(title=f"Transpose time vs listed tiles, block {block}, measured live on {dev} (best of {repeat})",
+                      xaxis_title="listed tiles (nnz)", yaxis_title="ms", xaxis_type="log", yaxis_type="log",
+                      height=400, title_font_size=12)
+    return fig

@@ -1,0 +1,56 @@
+"""Chapter 6, the backward pass: the dK/dV work per program with and without column splitting, and the
+recorded backward and forward times of the ``backward`` and ``prefill`` suites."""
+from __future__ import annotations
+
+from typing import Optional
+
+import plotly.graph_objects as go
+import torch
+
+from .. import patterns as P
+from ..bench.cases import PREFILL_PATTERNS, dense_pattern_of
+from ..bench.record import BenchFile, Impl, Pass
+from ..layout import BlockLayout
+from ..ops import column_work
+from . import COLORS
+
+__all__ = ["column_work_figure", "backward_figure"]
+
+
+def column_work_figure(N: int = 32768, chunk: Optional[int] = None) -> go.Figure:
+    """Work per dK/dV program (listed query tiles) for sinks + window, without and with column splitting."""
+    mm = P.sinks_window(64, 1024)
+    lay = BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cpu")
+    totals = (lay.q_count + lay.full_q_count)[0, 0].long()
+    plan = column_work(lay, 128, chunk)
+    work, used_chunk = plan.work, plan.chunk
+    per_item = torch.clamp(totals[work[:, 0].long()] - work[:, 1].long() * used_chunk, min=0, max=used_chunk)
+    fig = go.Figure()
+    fig.add_trace(go.Histogram(x=totals.tolist(), name="one program per key tile", opacity=0.7, nbinsx=60))
+    fig.add_trace(go.Histogram(x=per_item.tolist(), name=f"split into chunks of <= {used_chunk}", opacity=0.7,
+                               nbinsx=60))
+    fig.update_layout(barmode="overlay", yaxis_type="log", height=400, title_font_size=12,
+                      title=(f"dK/dV work per program, sinks 64 + window 1024, N={N}: the sink column lists "
+                             f"{int(totals.max())} query tiles, the median {int(totals.median())}"),
+                      xaxis_title="query tiles walked by one program", yaxis_title="programs")
+    return fig
+
+
+def backward_figure(bwd: BenchFile, fwd: BenchFile) -> go.Figure:
+    """Forward and backward times per pattern at N = 32k: ours (deterministic, atomic), FlexAttention, cuDNN."""
+    N = 32768
+    pats = PREFILL_PATTERNS
+    fig = go.Figure()
+    for impl, label in ((Impl.OURS, "sparseattn deterministic"), (Impl.OURS_ATOMIC, "sparseattn atomic dQ"),
+                        (Impl.FLEX, "FlexAttention")):
+        fig.add_trace(go.Bar(x=pats, y=[bwd.ms(impl, Pass.BWD, pattern=p, N=N) for p in pats],
+                             name=f"{label}: backward", marker_color=COLORS[impl]))
+    fig.add_trace(go.Bar(x=pats, y=[fwd.ms(Impl.OURS, Pass.FWD, pattern=p, N=N) for p in pats],
+                         name="sparseattn: forward", marker_color="#555555"))
+    cud = [bwd.ms(Impl.CUDNN, Pass.BWD, pattern=dense_pattern_of(p), N=N) for p in pats]
+    fig.add_trace(go.Scatter(x=pats, y=cud, mode="markers", marker=dict(symbol="line-ew-open", size=40,
+                                                                         color=COLORS[Impl.CUDNN]),
+                             name="cuDNN backward, same work (dense or causal)"))
+    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="ms (median)", height=460, title_font_size=12,
+                      title=f"Backward and forward at N = 32k, bf16, H=16, D=128 ({bwd.caption()})")
+    return fig

@@ -1,0 +1,495 @@
+"""The benchmark package on the CPU: typed records and the loader over every recorded file, the CLI without
+a GPU or plotly, output file names, the tuned-defaults writer, and every suite's code path run through the
+Triton interpreter at tiny shapes with the GPU-only pieces (CUDA-event timers, CUDA graphs, compiled
+FlexAttention, SDPA backend forcing) replaced by stand-ins."""
+import argparse
+import contextlib
+import itertools
+import json
+import pathlib
+import sys
+import types
+
+import pytest
+import torch
+
+from sparseattn.bench import _common as C
+from sparseattn.bench.record import BenchFile, Impl, Pass, Record, bench_filename, load, load_path
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RECORDED = sorted((ROOT / "book" / "data" / "bench").rglob("*.json"))
+ENV = {"date": "2026-01-01T00:00:00+00:00", "torch": "2.11.0", "triton": "3.6.0", "device": "NVIDIA H200"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# records and the loader
+# ---------------------------------------------------------------------------------------------------------
+def test_there_are_recorded_files():
+    assert len(RECORDED) >= 5
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.relative_to(ROOT / "book" / "data" / "bench").as_posix())
+def test_recorded_file_loads_and_round_trips(path):
+    doc = json.loads(path.read_text())
+    bf = load_path(path)
+    assert len(bf.records) == len(doc["results"]) > 0
+    assert bf.to_json() == doc  # every row, every extra field, the meta block
+    for row, rec in zip(doc["results"], bf.records):
+        assert rec.to_json() == row
+        assert list(rec.to_json())[:4] == ["case", "impl", "pass", "ms"]
+        assert rec.impl in Impl.ALL and rec.pass_ in Pass.ALL
+
+
+def test_load_by_suite_name_and_sweep_variant():
+    assert load("prefill").suite == "prefill"
+    assert any(r.is_sweep for r in load("prefill", sweep=True).records)
+    assert not any(r.is_sweep for r in load("prefill").records)
+    with pytest.raises(FileNotFoundError):
+        load("prefill", gpu="no-such-gpu")
+
+
+@pytest.mark.parametrize("field,value", [("impl", "sparse-attn"), ("impl", "FLEX"), ("pass_", "forward"),
+                                         ("pass_", None)])
+def test_unknown_names_raise(field, value):
+    kw = dict(case={"N": 1}, impl=Impl.OURS, pass_=Pass.FWD, ms=1.0)
+    kw[field] = value
+    with pytest.raises(ValueError, match=field):
+        Record(**kw)
+
+
+def test_record_checks_its_fields():
+    with pytest.raises(ValueError, match="row keys"):
+        Record({}, Impl.OURS, Pass.FWD, 1.0, {"ms": 2.0})
+    with pytest.raises(TypeError, match="ms"):
+        Record({}, Impl.OURS, Pass.FWD, "1.0")
+    with pytest.raises(TypeError, match="ms"):
+        Record({}, Impl.OURS, Pass.FWD, True)
+    with pytest.raises(ValueError, match="finite"):
+        Record({}, Impl.OURS, Pass.FWD, float("nan"))
+    with pytest.raises(TypeError, match="case"):
+        Record([("N", 1)], Impl.OURS, Pass.FWD, 1.0)
+    with pytest.raises(ValueError, match="impl"):
+        Record.from_json({"case": {}, "impl": "renamed", "pass": "fwd", "ms": 1.0})
+    with pytest.raises(ValueError, match="missing"):
+        Record.from_json({"case": {}, "impl": "flex", "ms": 1.0})
+    case = {"N": 4}
+    r = Record(case, Impl.FLEX, Pass.FWD, None, {"error": "out of memory"})
+    case["N"] = 5  # the record keeps its own copy
+    assert r.case == {"N": 4} and r.ms is None and r.get("error") == "out of memory"
+
+
+def _file(rows):
+    return BenchFile.from_json({"suite": "prefill", **ENV, "results": rows})
+
+
+def _row(impl, pattern, N, ms, pass_="fwd", **extra):
+    return {"case": {"pattern": pattern, "N": N}, "impl": impl, "pass": pass_, "ms": ms, **extra}
+
+
+def test_select_one_and_ms():
+    bf = _file([_row("sparseattn", "causal", 1024, 1.0), _row("flex", "causal", 1024, 2.0),
+                _row("sparseattn", "causal", 2048, 3.0), _row("sparseattn", "causal", 2048, 2.5, sweep=True,
+                                                             config={"block_m": 64})])
+    assert [r.ms for r in bf.select(Impl.OURS, Pass.FWD, pattern="causal")] == [1.0, 3.0]
+    assert [r.ms for r in bf.select(Impl.OURS, Pass.FWD, sweep=True)] == [2.5]
+    assert len(bf.select(Impl.OURS, sweep=None)) == 3
+    assert [r.ms for r in bf.select([Impl.OURS, Impl.FLEX], N=1024)] == [1.0, 2.0]
+    assert bf.ms(Impl.FLEX, Pass.FWD, N=1024) == 2.0
+    assert bf.distinct("N") == [1024, 2048]
+    with pytest.raises(LookupError, match="expected exactly one"):
+        bf.ms(Impl.OURS, Pass.FWD, pattern="causal")  # two lengths
+    with pytest.raises(LookupError, match="0 records"):
+        bf.ms(Impl.CUDNN, Pass.FWD, N=1024)  # a series the file does not have
+    with pytest.raises(ValueError, match="impl"):
+        bf.select("sparseattn-v2")  # a renamed series fails, it does not come back empty
+    with pytest.raises(ValueError, match="case field"):
+        bf.select(Impl.OURS, patern="causal")  # a typo in a case field too
+    assert bf.caption() == "measured on NVIDIA H200, 2026-01-01, torch 2.11.0, triton 3.6.0"
+
+
+def test_book_loader_is_the_record_loader():
+    pytest.importorskip("plotly")
+    from sparseattn import book
+    bf = book.load_bench("decode_keep")
+    assert isinstance(bf, BenchFile) and bf.suite == "decode_keep"
+    assert book.caption(bf) == bf.caption()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the CLI and the output files
+# ---------------------------------------------------------------------------------------------------------
+def test_help_works_without_gpu_plotly_or_triton():
+    from conftest import run_fresh_python
+    code = ("import sys\n"
+            "from sparseattn.bench.__main__ import main, suite_module, SUITES\n"
+            "for s in SUITES: suite_module(s)\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('plotly', 'ipywidgets', 'triton')]\n"
+            "assert not bad, bad\n"
+            "import torch; assert not torch.cuda.is_initialized()\n")
+    run_fresh_python(code)
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "sparseattn.bench", "--help"], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert "decode_keep" in out and "--sweep" in out
+
+
+def test_main_without_gpu_returns_2(monkeypatch, capsys):
+    from sparseattn.bench.__main__ import main
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["prefill"]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+def test_sweep_only_for_suites_with_configs():
+    from sparseattn.bench.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["layout", "--sweep"])
+    assert e.value.code == 2
+
+
+def test_gpu_slug():
+    assert C.gpu_slug("NVIDIA H200") == "h200"
+    assert C.gpu_slug("NVIDIA GeForce RTX 4090") == "rtx-4090"
+    assert C.gpu_slug("Tesla T4") == "t4"
+
+
+def _sweep_records():
+    """Two cases of a forward sweep: config A wins case 1 by 5% and loses case 2 by 2x; B is 10% off the best
+    on case 1 only. B has the smaller geometric mean; a failed row (ms None) is ignored."""
+    a = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=None, warp_specialize=False)
+    b = dict(a, num_warps=4)
+    recs = []
+    for pattern, ms_a, ms_b in (("causal", 1.0, 1.05), ("window1024", 2.0, 1.0)):
+        case = {"pattern": pattern, "N": 1024, "B": 1, "H": 2, "D": 64, "dtype": "bf16"}
+        recs.append(Record(case, Impl.OURS, Pass.FWD, ms_a * 1.1, {}))  # the default-config row, not swept
+        recs.append(Record(case, Impl.OURS, Pass.FWD, ms_a, {"config": a, "sweep": True}))
+        recs.append(Record(case, Impl.OURS, Pass.FWD, ms_b, {"config": b, "sweep": True}))
+    recs.append(Record(recs[0].case, Impl.OURS, Pass.FWD, None, {"config": dict(a, num_stages=9), "sweep": True,
+                                                                 "error": "out of shared memory"}))
+    return recs, a, b
+
+
+def test_sweep_writes_sweep_and_defaults_files_not_the_suite_file(tmp_path):
+    from sparseattn.bench import prefill
+    from sparseattn.bench.__main__ import write_outputs
+    recs, _, _ = _sweep_records()
+    paths = write_outputs(prefill, recs, str(tmp_path), ENV, sweep=True, family="sm90")
+    assert [pathlib.Path(p).name for p in paths] == ["prefill-sweep-h200.json", "prefill-defaults-h200.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill-defaults-h200.json", "prefill-sweep-h200.json"]
+    assert load("prefill", "h200", sweep=True, directory=tmp_path).to_json()["results"] == [r.to_json() for r in recs]
+    paths = write_outputs(prefill, recs[:1], str(tmp_path), ENV, sweep=False, family="sm90")
+    assert pathlib.Path(paths[0]).name == bench_filename("prefill", "h200") == "prefill-h200.json"
+    assert load("prefill", "h200", directory=tmp_path).records == (recs[0],)
+
+
+@pytest.fixture
+def table_file(monkeypatch):
+    """Point sparseattn.ops.config at another defaults table for one test, then restore its caches."""
+    from sparseattn.ops import config
+
+    def use(path):
+        monkeypatch.setattr(config, "_TABLE", pathlib.Path(path))
+        config._table.cache_clear()
+        config.default_config.cache_clear()
+    yield use
+    monkeypatch.undo()
+    config._table.cache_clear()
+    config.default_config.cache_clear()
+
+
+def test_defaults_file_is_readable_as_the_tuned_table(tmp_path, table_file):
+    from sparseattn.bench import prefill
+    from sparseattn.bench.__main__ import write_outputs
+    from sparseattn.ops import FwdConfig
+    from sparseattn.ops.config import default_config
+    recs, a, b = _sweep_records()
+    path = write_outputs(prefill, recs, str(tmp_path), ENV, sweep=True, family="sm90")[1]
+    doc = json.loads(pathlib.Path(path).read_text())
+    assert doc["families"]["sm90"]["fwd"] == [{"dtypes": ["bfloat16"], "max_head_dim": 64, "config": b}]
+    assert doc["evidence"][0]["cases"] == 2 and doc["evidence"][0]["worst_vs_case_best"] == pytest.approx(1.05)
+    table_file(path)
+    assert default_config("fwd", "sm90", torch.bfloat16, 64) == FwdConfig(**b)
+    with pytest.raises(LookupError):
+        default_config("fwd", "sm90", torch.float16, 64)  # only what was measured
+
+
+def test_best_rows_per_dtype_and_head_dim_and_kind_checks():
+    from sparseattn.bench.defaults import best_rows
+    recs, a, b = _sweep_records()
+    other = [Record(dict(r.case, D=128, dtype="fp16"), r.impl, r.pass_, r.ms, r.extra) for r in recs if r.ms]
+    rows, _ = best_rows([r for r in recs + other if r.is_sweep], "fwd")
+    assert [(r["dtypes"], r["max_head_dim"]) for r in rows] == [(["bfloat16"], 64), (["float16"], 128)]
+    with pytest.raises(ValueError, match="kind"):
+        best_rows(recs, "prefill")
+    with pytest.raises(TypeError):
+        best_rows([r for r in recs if r.is_sweep], "bwd")  # a forward config is not a BwdConfig
+
+
+def test_progress_without_and_with_tqdm(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import fails: plain lines on stderr
+    with C.progress(2, "suite") as bar:
+        bar.set_postfix_str("case a")
+        bar.update()
+    assert "suite: 1/2 case a" in capsys.readouterr().err
+    seen = []
+
+    class FakeTqdm:
+        def __init__(self, total, desc, file, dynamic_ncols):
+            seen.append((total, desc, file))
+
+        def set_postfix_str(self, s):
+            seen.append(s)
+
+        def update(self, n=1):
+            seen.append(n)
+
+        def close(self):
+            seen.append("closed")
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeTqdm))
+    with C.progress(3, "suite") as bar:
+        bar.set_postfix_str("x")
+        bar.update()
+    assert seen == [(3, "suite", sys.stderr), "x", 1, "closed"]
+
+
+def test_table_and_timers_on_cpu(capsys):
+    C.print_table([{"a": 1, "b": "x"}, {"a": 22}], ["a", "b"])
+    assert capsys.readouterr().out.splitlines() == [" a  b", " 1  x", "22   "]
+    calls = []
+    assert C.time_host(lambda: calls.append(1), repeat=3, warmup=1, device="cpu") >= 0 and len(calls) == 4
+    x = torch.arange(6, dtype=torch.bfloat16).view(2, 3)
+    assert [float(s) for s in C.read_fn([x, x + 1])()] == [15.0, 21.0]
+
+
+def test_cases_are_the_recorded_names():
+    from sparseattn import patterns as P
+    from sparseattn.bench import cases
+    recorded = {r.case["pattern"] for r in load("prefill").records} - {"dense", "causal"}
+    assert recorded <= set(cases.PREFILL_PATTERNS)
+    assert {r.case["pattern"] for r in load("layout").records} == set(cases.LAYOUT_PATTERNS)
+    lay = cases.prefill_layout("sinks64+window1024", 512, block=128, device="cpu")
+    ref = P.sinks_window(64, 1024)
+    from conftest import dense_of
+    assert torch.equal(lay.to_dense(), dense_of(ref, 512, 512))
+    for name in cases.LAYOUT_PATTERNS:
+        mm = cases.layout_mask_mod(name, 256, device="cpu")
+        assert mm(torch.tensor(0), torch.tensor(0), torch.arange(4)[:, None], torch.arange(4)[None]).shape == (4, 4)
+    with pytest.raises(ValueError, match="pattern"):
+        cases.prefill_layout("window 1024", 256, device="cpu")
+    with pytest.raises(ValueError, match="pattern"):
+        cases.layout_mask_mod("causal!", 256, device="cpu")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# every suite's code path on the CPU (interpreter, tiny shapes, stand-ins for the GPU-only pieces)
+# ---------------------------------------------------------------------------------------------------------
+# eager FlexAttention says it is unfused; bf16 arithmetic in the interpreter overflows (numbers are not checked)
+STAND_IN_WARNINGS = [pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+                     pytest.mark.filterwarnings("ignore:overflow encountered")]
+
+
+@pytest.fixture
+def cpu_stand_ins(monkeypatch):
+    """Timers that call the function once and return a distinct number, graph capture that just calls,
+    FlexAttention eager (SDPA where FlexAttention has no CPU backward), no SDPA backend forcing."""
+    from torch.nn.attention.flex_attention import flex_attention
+    counter = itertools.count(1)
+
+    def fake_time(fn, *args, **kwargs):
+        fn()
+        return 1.0 + next(counter) / 64
+
+    def fake_graph(fn):
+        fn()
+        return types.SimpleNamespace(replay=fn)
+
+    def fake_flex(q, k, v, block_mask=None, **kwargs):
+        if q.requires_grad:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+        return flex_attention(q, k, v, block_mask=block_mask, **kwargs)
+    monkeypatch.setattr(C, "time_gpu", fake_time)
+    monkeypatch.setattr(C, "time_host", lambda fn, *a, **k: fake_time(fn))
+    monkeypatch.setattr(C, "graph_step", fake_graph)
+    monkeypatch.setattr(C, "compiled_flex", lambda: fake_flex)
+    monkeypatch.setattr(C, "sdpa_backend", lambda name: contextlib.nullcontext())
+    return monkeypatch
+
+
+def _args(**kw):
+    base = dict(n="256", patterns=None, heads=1, head_dim=32, no_flex=False, sweep=False, naive_max_bytes=24e9,
+                device="cpu")
+    return argparse.Namespace(**{**base, **kw})
+
+
+def _check_run(module, records, table, cols, *series):
+    assert records and table and all(isinstance(r, Record) for r in records)
+    assert all(set(row) <= set(cols) for row in table)
+    bf = BenchFile.from_json({"suite": module.NAME, **ENV, "results": [r.to_json() for r in records]})
+    have = {(r.impl, r.pass_) for r in bf.records}
+    assert set(series) <= have, set(series) - have
+    return bf
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_prefill_suite_on_cpu(cpu_stand_ins, tmp_path):
+    from sparseattn.bench import prefill
+    from sparseattn.bench.__main__ import write_outputs
+    records, table, cols = prefill.run(_args(sweep=True))
+    bf = _check_run(prefill, records, table, cols, (Impl.OURS, Pass.FWD), (Impl.FLEX, Pass.FWD),
+                    (Impl.CUDNN, Pass.FWD), (Impl.FA2, Pass.FWD), (Impl.NAIVE, Pass.FWD))
+    for p in prefill.PREFILL_PATTERNS:  # what chapter 5 reads, by the names it asks for
+        assert bf.ms(Impl.OURS, Pass.FWD, pattern=p, N=256) > 0
+    assert len(prefill.sweep_rows(records)) == len(prefill.PREFILL_PATTERNS) * len(prefill.sweep_configs(32))
+    write_outputs(prefill, records, str(tmp_path), ENV, sweep=True, family="sm90")
+    rows = json.loads((tmp_path / "prefill-defaults-h200.json").read_text())["families"]["sm90"]["fwd"]
+    assert rows[0]["max_head_dim"] == 32 and rows[0]["config"] in [C.config_dict(c) for c in prefill.sweep_configs(32)]
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_backward_suite_on_cpu(cpu_stand_ins):
+    from sparseattn.bench import backward
+    records, table, cols = backward.run(_args(patterns="causal,sinks64+window1024", sweep=True))
+    bf = _check_run(backward, records, table, cols, (Impl.OURS, Pass.BWD), (Impl.OURS_ATOMIC, Pass.BWD),
+                    (Impl.OURS_NOSPLIT, Pass.BWD), (Impl.FLEX, Pass.BWD), (Impl.CUDNN, Pass.BWD),
+                    (Impl.OURS, Pass.FWD_BWD))
+    assert bf.one(Impl.OURS, Pass.BWD, pattern="causal").get("bitwise_repeatable") is True
+    assert len(backward.sweep_rows(records)) == len(backward.sweep_configs())  # causal only: N is the max
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_layout_suite_on_cpu(cpu_stand_ins):
+    from sparseattn.bench import layout_build
+    records, table, cols = layout_build.run(_args())
+    bf = _check_run(layout_build, records, table, cols, (Impl.OURS, Pass.LAYOUT), (Impl.OURS, Pass.TRANSPOSE),
+                    (Impl.FLEX, Pass.LAYOUT))
+    assert bf.distinct("pattern") == sorted(layout_build.LAYOUT_PATTERNS)
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_decode_suite_on_cpu(cpu_stand_ins, tmp_path):
+    from sparseattn.bench import decode
+    from sparseattn.bench.__main__ import write_outputs
+    cpu_stand_ins.setattr(decode, "HQ", 4)
+    cpu_stand_ins.setattr(decode, "HKV", 2)
+    cpu_stand_ins.setattr(decode, "CASES", [(1, 256, 16, None), (2, 256, 16, 0.25), (1, 256, 128, 0.5),
+                                            (1, 512, 64, 0.5)])
+    configs = list(decode.sweep_configs())
+    cpu_stand_ins.setattr(decode, "sweep_configs", lambda: iter(configs[::9]))
+    records, table, cols = decode.run(_args(n="", sweep=True))
+    bf = _check_run(decode, records, table, cols, (Impl.OURS, Pass.DECODE), (Impl.CUDNN, Pass.DECODE_DENSE),
+                    (Impl.FA2, Pass.DECODE_DENSE), (Impl.FLEX, Pass.DECODE_DENSE), (Impl.FLEX, Pass.DECODE_BLOCK_MASK),
+                    (Impl.OURS, Pass.SELECT), (Impl.TORCH_EAGER, Pass.SELECT), (Impl.OURS, Pass.SELECT_DECODE),
+                    (Impl.OURS, Pass.SELECT_DECODE_GRAPH), (Impl.OURS, Pass.SWEEP), (Impl.READ_CEILING, Pass.READ))
+    full = 2 * 2 * 2 * 256 * 128 * 2  # B=2 sequences of 256 tokens, 2 KV heads, D=128, K and V, bf16
+    assert bf.one(Impl.READ_CEILING, Pass.READ, B=2).get("bytes") == full
+    assert bf.one(Impl.OURS, Pass.SELECT_DECODE_GRAPH, B=2).get("graph_equals_eager") is True
+    assert "rel_err_vs_ours" in bf.one(Impl.FLEX, Pass.DECODE_BLOCK_MASK, page_size=128).extra
+    assert len(decode.sweep_rows(records)) == 2 * len(configs[::9])  # the two page-size-16 cases
+    paths = write_outputs(decode, records, str(tmp_path), ENV, sweep=True, family="sm90")
+    rows = json.loads(pathlib.Path(paths[1]).read_text())["families"]["sm90"]["decode"]
+    assert [(r["dtypes"], r["max_head_dim"]) for r in rows] == [(["bfloat16"], 128)]
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_decode_keep_suite_on_cpu(cpu_stand_ins):
+    from sparseattn.bench import decode_keep
+    cpu_stand_ins.setattr(decode_keep, "HQ", 4)
+    cpu_stand_ins.setattr(decode_keep, "HKV", 2)
+    cpu_stand_ins.setattr(decode_keep, "SHAPES", [(1, 256)])
+    cpu_stand_ins.setattr(decode_keep, "KEEPS", [0.25, 1.0])
+    records, table, cols = decode_keep.run(_args(n=""))
+    bf = _check_run(decode_keep, records, table, cols, (Impl.OURS, Pass.DECODE), (Impl.OURS, Pass.DECODE_GRAPH),
+                    (Impl.OURS, Pass.SELECT_DECODE_GRAPH), (Impl.CUDNN, Pass.DECODE_DENSE))
+    # what chapter 7 reads: the dense lines and one point per kept fraction
+    assert bf.ms(Impl.OURS, Pass.DECODE_GRAPH, B=1, pattern="dense") > 0
+    assert [r.case["keep"] for r in bf.select(Impl.OURS, Pass.SELECT_DECODE_GRAPH, B=1)] == [0.25, 1.0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the book's side: figures read recorded files only through the loader
+# ---------------------------------------------------------------------------------------------------------
+def test_bench_imports_neither_viz_nor_book():
+    import ast
+    for path in (ROOT / "sparseattn" / "bench").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and
+                                                        node.module else [])
+                assert not any(n and n.split(".")[0] in ("plotly", "ipywidgets") for n in names), path
+                assert not any(n and ("viz" in n.split(".") or "book" in n.split(".")) for n in names), path
+
+
+def test_recorded_figures_fail_loudly_on_a_missing_series():
+    pytest.importorskip("plotly")
+    from sparseattn.viz import ch05_prefill, ch06_backward, ch07_decode
+    prefill = load("prefill")
+    assert len(ch05_prefill.prefill_time_figure(prefill, "window1024").data) == 5  # ours, Flex, naive, cuDNN, FA2
+    no_flex = BenchFile(prefill.meta, tuple(r for r in prefill.records if r.impl != Impl.FLEX))
+    with pytest.raises(LookupError, match="flex"):
+        ch05_prefill.prefill_table_figure(no_flex)
+    with pytest.raises(LookupError, match="sparseattn-atomic"):
+        ch06_backward.backward_figure(BenchFile(load("backward").meta, tuple(
+            r for r in load("backward").records if r.impl != Impl.OURS_ATOMIC)), prefill)
+    decode = load("decode")
+    assert len(ch07_decode.decode_sweep_figure(decode).data) > 0
+    without_sweep = BenchFile(decode.meta, tuple(r for r in decode.records if r.pass_ != Pass.SWEEP))
+    with pytest.raises(LookupError, match="sweep"):
+        ch07_decode.decode_sweep_figure(without_sweep)
+
+
+def test_wheel_ships_the_subpackages_and_the_tuned_table(tmp_path):
+    """A non-editable install (Colab's ``pip install git+...``) gets bench/, viz/ and the defaults table."""
+    pytest.importorskip("setuptools")
+    import shutil
+    import subprocess
+    import zipfile
+    src = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "_build", "_vendor", "*.egg-info", "build",
+                                                             "__pycache__", ".pytest_cache", ".hypothesis"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    names = zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))).namelist()
+    for want in ("sparseattn/data/tuned_configs.json", "sparseattn/bench/record.py", "sparseattn/bench/__main__.py",
+                 "sparseattn/viz/ch07_decode.py", "sparseattn/ops/config.py", "sparseattn/kernels/_common.py"):
+        assert want in names, want
+
+
+def test_main_wiring_with_a_stand_in_suite(monkeypatch, tmp_path, capsys):
+    """main() on a 'GPU': default lengths, the suite's records written where --out says, the table last."""
+    from sparseattn.bench import __main__ as M
+    from sparseattn.bench import prefill
+    from sparseattn.ops import config
+    recs, _, _ = _sweep_records()
+    seen = {}
+
+    def run(args):
+        seen.update(n=args.n, device=args.device, sweep=args.sweep)
+        return recs, [{"pattern": "causal", "N": 1024, "ours_ms": 1.0}], ["pattern", "N", "ours_ms"]
+    fake = types.SimpleNamespace(NAME="prefill", DEFAULT_N=prefill.DEFAULT_N, CONFIG_KIND="fwd", run=run,
+                                 sweep_rows=prefill.sweep_rows)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(M, "suite_module", lambda name: fake)
+    monkeypatch.setattr(C, "environment", lambda: dict(ENV))
+    monkeypatch.setattr(config, "gpu_family", lambda device, interpreter: "sm90")
+    assert M.main(["prefill", "--out", str(tmp_path), "--sweep"]) == 0
+    assert seen == {"n": prefill.DEFAULT_N, "device": "cuda", "sweep": True}
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2:] == ["pattern     N  ours_ms", " causal  1024      1.0"]  # the table comes last
+    assert f"wrote {tmp_path / 'prefill-defaults-h200.json'}" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill-defaults-h200.json", "prefill-sweep-h200.json"]
+
+
+def test_environment_and_backend_context_on_cpu():
+    env = C.environment()
+    assert {"date", "torch", "triton", "python", "sparseattn", "device"} <= set(env)
+    for name in ("cudnn", "fa2"):
+        with C.sdpa_backend(name):
+            pass
+    with pytest.raises(KeyError):
+        C.sdpa_backend("flash3")
