@@ -478,3 +478,41 @@ def test_docstring_failure_notes_follow_the_data():
     assert f"the arbitrary mask: {arb[0]:.0f} ms at 32k, {arb[1]:.0f} ms at 131k" in R.__doc__
     ratios = [r["ratio"] for r in rec["calibration"]["points"] if "arbitrary" in r["label"] and "layout" in r["label"]]
     assert all(abs(x - 1) < 0.01 for x in ratios)
+
+
+def test_measure_paths_run_on_cpu_with_a_mock_timer():
+    """The GPU measurement code, walked on the CPU: our op in the interpreter, cuDNN refused (None)."""
+    from sparseattn.roofline.measure import measure_decode, measure_prefill
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(fn)
+        return 1.0
+
+    layout = BlockLayout.from_mask_mod(P.causal(), 64, 64, 32, 32, device="cpu")
+    s = Shape(B=1, Hq=2, Hkv=1, D=16, dtype=torch.float32)
+    for pass_ in ("fwd", "bwd"):
+        got = measure_prefill(layout, s, pass_, "causal", device="cpu", timer=timer, impls=("sparseattn", "cudnn"))
+        assert got["sparseattn"] == 1.0 and (got["cudnn"] is None or torch.cuda.is_available())
+    got = measure_decode(Shape(B=1, Hq=2, Hkv=1, D=16, dtype=torch.float32, seq_len=64, page_size=16), 0.5,
+                         device="cpu", timer=timer, graph=False)
+    assert got["sparseattn"] == 1.0
+    assert len(calls) == 3
+
+
+def test_gpu_check_walks_on_cpu(tmp_path):
+    """``python -m sparseattn.roofline check`` minus the GPU: predictions, measurements (interpreter, mock
+    timer), the JSON it writes after every case."""
+    from sparseattn.roofline.__main__ import main, run_check
+    if not torch.cuda.is_available():
+        assert main(["check", "--out", str(tmp_path)]) == 2
+    doc = run_check(tmp_path, [64], ["causal", "random10%+diag"], R.ceilings(), device="cpu", timer=lambda fn: 1.0,
+                    impls=("sparseattn", "cudnn"), prefill_shape=Shape(B=1, Hq=2, D=16, dtype=torch.float32),
+                    decode_shape=Shape(B=1, Hq=2, Hkv=1, D=16, dtype=torch.float32, seq_len=64, page_size=16),
+                    keeps=(0.5,), profiles=False)
+    saved = json.loads((tmp_path / "roofline-check-h200.json").read_text())
+    assert saved["results"] == doc["results"] and len(doc["results"]) == 2 * 2 * 2 + 2
+    ours = [r for r in doc["results"] if r["impl"] == "sparseattn"]
+    assert all(r["ms"] == 1.0 and r["predicted_ms"] > 0 for r in ours)
+    assert {r["case"]["pattern"] for r in doc["results"] if r["impl"] == "cudnn"} >= {"causal", "dense"}

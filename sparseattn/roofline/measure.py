@@ -44,12 +44,16 @@ def _flex():
     return _flex.compiled
 
 
-def measure_prefill(layout: BlockLayout, s: Shape, pass_: str, envelope: str) -> Dict[str, Optional[float]]:
+def measure_prefill(layout: BlockLayout, s: Shape, pass_: str, envelope: str, *, device="cuda", timer=None,
+                    impls=("sparseattn", "flex", "cudnn")) -> Dict[str, Optional[float]]:
     """Median ms of ours, FlexAttention (compiled, same tiles) and cuDNN (``envelope``: causal or dense) for
-    the forward (``pass_="fwd"``) or the backward alone (``"bwd"``: gradients from one kept forward)."""
+    the forward (``pass_="fwd"``) or the backward alone (``"bwd"``: gradients from one kept forward). An
+    implementation that fails (a backend refusing the shape) gives None. ``device``/``timer``/``impls`` let a
+    CPU test walk the code with the interpreter and a mock timer."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from ..ops import sparse_attention
-    dev = torch.device("cuda")
+    timer = timer or time_ms
+    dev = torch.device(device)
     lay = layout.to(dev)
     N, M = lay.q_len, lay.kv_len
     grad = pass_ == "bwd"
@@ -57,40 +61,44 @@ def measure_prefill(layout: BlockLayout, s: Shape, pass_: str, envelope: str) ->
     q = torch.randn(s.B, s.Hq, N, s.D, device=dev, dtype=s.dtype, requires_grad=grad)
     k, v = (torch.randn(s.B, s.Hkv, M, s.D, device=dev, dtype=s.dtype, requires_grad=grad) for _ in range(2))
     gqa = s.Hq != s.Hkv
-    block_mask = lay.to_flex(num_heads=s.Hq if lay.H not in (1, s.Hq) else None)
-    flex = _flex()
+
+    def flex():
+        block_mask = lay.to_flex(num_heads=s.Hq if lay.H not in (1, s.Hq) else None)
+        compiled = _flex()
+        return lambda: compiled(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=envelope == "causal",
                                                                     enable_gqa=gqa)
-    fns = {"sparseattn": lambda: sparse_attention(q, k, v, lay),
-           "flex": lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=gqa),
-           "cudnn": cudnn}
+    makers = {"sparseattn": lambda: (lambda: sparse_attention(q, k, v, lay)), "flex": flex, "cudnn": lambda: cudnn}
     out = {}
-    for name, fn in fns.items():
+    for name in impls:
         try:
+            fn = makers[name]()
             if grad:
                 o = fn()
                 do = torch.randn_like(o)
-                out[name] = time_ms(lambda o=o, do=do: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                out[name] = timer(lambda o=o, do=do: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
             else:
-                out[name] = time_ms(fn)
-        except RuntimeError as e:  # a backend that refuses the shape is reported, not fatal
+                out[name] = timer(fn)
+        except Exception as e:  # a backend that refuses the shape (or fails to compile) is reported, not fatal
             print(f"# {name}: {type(e).__name__}: {str(e)[:160]}")
             out[name] = None
     return out
 
 
-def measure_decode(s: Shape, keep: Optional[float]) -> Dict[str, Optional[float]]:
+def measure_decode(s: Shape, keep: Optional[float], *, device="cuda", timer=None,
+                   graph: bool = True) -> Dict[str, Optional[float]]:
     """Ours (decode over the pages ``select_pages`` keeps for ``keep``, or over every page; a CUDA-graph replay
     of the decode alone, as the model prices it without ``routing``) and cuDNN dense decode on contiguous
-    K/V holding the same tokens."""
+    K/V holding the same tokens. ``graph=False`` times eager calls (the CPU test's path)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from ..ops import sparse_decode
     from ..paged import PagedKVCache
     from ..routing import select_pages
-    dev = torch.device("cuda")
+    timer = timer or time_ms
+    dev = torch.device(device)
     B, L, ps = s.B, s.seq_len, s.page_size
     torch.manual_seed(0)
     kd = torch.randn(B, s.Hkv, L, s.D, device=dev, dtype=s.dtype)
@@ -100,20 +108,18 @@ def measure_decode(s: Shape, keep: Optional[float]) -> Dict[str, Optional[float]
     for b in range(B):
         cache.append(b, kd[b].transpose(0, 1), vd[b].transpose(0, 1))
     q = torch.randn(B, s.Hq, s.D, device=dev, dtype=s.dtype)
-    if keep is None:
-        step = graph_of(lambda: sparse_decode(q, cache))
-    else:
-        sel = select_pages(q, cache, max(1, round(keep * math.ceil(L / ps))))
-        step = graph_of(lambda: sparse_decode(q, cache, pages=sel))
+    sel = None if keep is None else select_pages(q, cache, max(1, round(keep * math.ceil(L / ps))))
+    step = lambda: sparse_decode(q, cache, pages=sel)  # noqa: E731
+    replay = graph_of(step).replay if graph else step
     q4 = q.view(B, s.Hq, 1, s.D)
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q4, kd, vd, enable_gqa=s.Hq != s.Hkv)
-    out = {"sparseattn": time_ms(step.replay)}
+    out = {"sparseattn": timer(replay)}
     try:
-        out["cudnn"] = time_ms(cudnn)
-    except RuntimeError as e:
+        out["cudnn"] = timer(cudnn)
+    except Exception as e:  # cuDNN refusing the shape (or absent) is reported, not fatal
         print(f"# cudnn decode: {type(e).__name__}: {str(e)[:160]}")
         out["cudnn"] = None
     return out
