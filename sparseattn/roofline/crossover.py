@@ -152,7 +152,9 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
 
     Families: ``"window"`` and ``"sinks_window"`` vary the sequence length (grid default
     ``1k, 1.5k, 2k, 3k, 4k, 6k, 8k, 16k``; envelope causal); ``"block_random"`` (envelope dense) and
-    ``"documents"`` (equal documents, causal; envelope causal) vary the kept fraction at length ``N``;
+    ``"documents"`` (``round(1 / keep)`` equal documents, causal; envelope causal) vary the kept fraction at
+    length ``N`` (the crossover is interpolated on the fraction the layouts keep; grid values giving the same
+    layout are merged);
     ``"decode"`` varies the kept fraction of pages (envelope: cuDNN dense decode; ``pass_`` is ignored;
     ``graph`` prices our step as a CUDA-graph replay). ``shape`` defaults to the book's benchmarks: B=1,
     16 heads, D=128, bf16 for prefill; B=8, 32/8 heads, 128k tokens, 16-token pages for decode."""
@@ -189,6 +191,9 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
         d.append(cost(_envelope_layout(env, lay.q_len, lay.kv_len), s, pass_, impl="cudnn",
                       device=device).predicted_ms)
         kept.append(k)
+    if variable == "keep":  # interpolate on the fraction the layouts really keep (documents round to 1/n)
+        first = sorted({k: i for i, k in reversed(list(enumerate(kept)))}.values())
+        grid, kept, o, d, f, bounds = ([xs[i] for i in first] for xs in (kept, kept, o, d, f, bounds))
     value, state = _cross(grid, o, d, variable)
     fvalue, fstate = _cross(grid, f, d, variable)
     return Crossover(family, pass_, variable, env, grid, kept, o, d, f, value, state, fvalue, fstate, bounds)
@@ -254,7 +259,9 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
         return _finish(what, "decode", "dense", predicted, measured, costs)
     if isinstance(pattern_or_layout, BlockLayout):
         layout = pattern_or_layout.to("cpu") if pattern_or_layout.device.type != "cpu" else pattern_or_layout
-        name = repr(layout)
+        mask = getattr(layout.mask_mod, "__name__", None) or ("tile bits" if layout.tile_bits is not None
+                                                              else "block mask")
+        name = f"layout ({mask}) Lq={layout.q_len} Lk={layout.kv_len}"
     elif callable(pattern_or_layout):
         if N is None:
             raise ValueError("a pattern needs N (the sequence length)")
