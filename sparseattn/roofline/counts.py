@@ -40,7 +40,7 @@ from ..ops import BwdConfig, DecodeConfig, FwdConfig, column_work, decode_progra
 from ..ops import mask_path_name
 
 __all__ = ["Shape", "KernelWork", "TorchOpWork", "Work", "as_shape", "element_size", "fwd_work", "bwd_work",
-           "decode_work", "DecodeInput"]
+           "decode_work", "DecodeInput", "decode_input"]
 
 _ELT = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
 _DTYPE_ALIASES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -286,7 +286,6 @@ def fwd_work(layout: BlockLayout, shape, config: FwdConfig, order: str = "longes
     n_m = math.ceil(Lq / BM)
     m = torch.arange(n_m)
     qi = (m * BM) // Bq
-    rows = _clipped(Lq, n_m, BM)  # [n_m]
     kcols = _clipped(Lk, layout.nk, Bk)
     cnt_p, cnt_f = layout.kv_count.cpu().long(), layout.full_count.cpu().long()
     keys = (_row_sums(cnt_p, layout.kv_index.cpu(), kcols) + _row_sums(cnt_f, layout.full_index.cpu(), kcols))
@@ -304,7 +303,6 @@ def fwd_work(layout: BlockLayout, shape, config: FwdConfig, order: str = "longes
         raise ValueError(f"order must be 'longest' or 'natural', got {order!r}")
     steps_p = (per_program(cnt_p) * sub)[..., perm].flatten()  # dispatch order: batch x head outer
     steps_f = (per_program(cnt_f) * sub)[..., perm].flatten()
-    tiles = per_program(cnt_p + cnt_f)  # [B, Hq, n_m]
     bits, doc = _mask_flags(layout)
     programs = s.B * s.Hq * n_m
     q_rows = s.B * s.Hq * Lq
@@ -326,7 +324,6 @@ def fwd_work(layout: BlockLayout, shape, config: FwdConfig, order: str = "longes
         "bits": _partial_tiles(layout) * Bq * Bk / 8.0 if bits else 0.0,
         "doc": _doc_table_bytes(layout, doc),
     }
-    del tiles, rows
     k = KernelWork("sparse_fwd_kernel", (n_m, s.B * s.Hq), steps_f, steps_p, 4.0 * BM * BN * D, 2,
                    requested, hbm)
     return Work("fwd", [k], [], config)
