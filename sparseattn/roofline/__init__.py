@@ -1,0 +1,117 @@
+"""The roofline cost model: predict when a sparse layout beats a dense kernel, and check it.
+
+The source material's equation, priced per kernel launch::
+
+    T = T_route + T_index + max(F_tile / P_eff, D_HBM / W_eff) + T_launch
+
+* :func:`ceilings` -> :class:`Ceilings` -- matmul rate per dtype, HBM read bandwidth, launch latency, SM count:
+  recorded for the H200 (``sparseattn/data/ceilings-h200.json``, every value with its source), measured
+  once and cached on any other GPU (:func:`measure_ceilings`).
+* :func:`cost` ``(layout, shape, pass_="fwd" | "bwd" | "decode", routing=None, config=None,
+  deterministic=True, *, pages=None, keep=None, impl="sparseattn" | "flex" | "cudnn", graph=False,
+  rebuild_layout=False, device=None)`` -> :class:`Cost`: every term, the prediction and the bound
+  (``"compute"``, ``"memory"`` or ``"overhead"``). ``shape`` is a :class:`Shape` or a dict
+  ``(B, Hq, Hkv, D, dtype)``; decode takes a :class:`~sparseattn.PagedKVCache` (or None and
+  ``seq_len``/``page_size`` in the shape) with a :class:`~sparseattn.PageSelection` or a kept fraction.
+* :func:`crossover` ``(family, pass_="fwd", *, shape=None, grid=None, ...)`` -> :class:`Crossover`: the length
+  (``"window"``, ``"sinks_window"``) or kept fraction (``"block_random"``, ``"documents"``, ``"decode"``)
+  where our predicted time drops below cuDNN's on the pattern's envelope (causal or dense).
+* :func:`report` ``(pattern_or_layout, shape=None, *, N=None, pass_="fwd", measure=False, ...)`` ->
+  :class:`Report`: "will sparse be faster here?" -- predicted (and on a GPU measured) times of ours,
+  FlexAttention and cuDNN, the verdict and our dominant term.
+* :func:`profile_step` ``(fn, *args, **kwargs)`` -> :class:`StepProfile`: one step under ``torch.profiler``,
+  split into route / index / kernel / launch.
+
+How the terms are computed:
+
+* counts (:mod:`.counts`) are exact and physical: the programs each kernel launches, in dispatch order, and
+  their inner-loop steps over full and partial tiles; flops of whole tiles (forward 2 tile matmuls a step;
+  backward 7, or 5 with atomic dQ); requested bytes (what each program loads and stores) and compulsory
+  HBM bytes ``D_HBM`` (each distinct byte once: repeated K/V reads by the programs of one head hit L2).
+* ``F_tile / P_eff`` (:mod:`.model`): programs are dealt to the SMs, each to the SM that frees first; a
+  program costs ``program_overhead + full steps + (1 + partial_overhead) x partial steps`` steps of
+  ``flops / (P x eff_compute / SMs)``. The last finish time is the compute term, so wave tails, short rows
+  and mask work are in it. ``D_HBM / W_eff`` with ``W_eff = W x eff_memory``. Decode steps are timed by a
+  calibrated ``step_us`` (an SM's share of the bandwidth, or latency when few programs run).
+* ``T_launch``: a calibrated fixed cost per call; eager decode takes the larger of host and device time.
+  ``T_index``: layout rebuild (fixed cost + cells a mask_mod without an exact tile rule evaluates), only
+  with ``rebuild_layout=True``; ``T_route``: the routing time you pass.
+
+Calibration (:mod:`.calibrate`; ``python -m sparseattn.roofline calibrate``)
+-----------------------------------------------------------------------------
+Efficiencies and overheads are fitted per implementation and pass on the recorded H200 runs
+(``book/data/bench/{prefill,backward,decode_keep,decode,layout}-h200.json``; prefill: B=1, 16 heads, D=128,
+bf16) and evaluated on points disjoint from the fit:
+
+* prefill, ours and FlexAttention, forward and backward: fitted on ``causal`` and ``window1024`` (N = 4k to
+  64k forward, 32k backward), evaluated on ``sinks64+window1024`` and ``random10%+diag`` -- layouts the fit
+  never saw. cuDNN: fitted at N = 4k, 16k, 64k, evaluated at 8k and 32k (backward: fitted dense, evaluated
+  causal);
+* decode: fitted on batch 8 and 32 (decode_keep, CUDA graph and eager), evaluated on batch 1 and on the
+  decode suite (page sizes 16, 64, 128); cuDNN decode likewise;
+* layout build and transpose: fitted at N = 32k, evaluated at 131k.
+
+Parameters a model's calibration points cannot separate are tied to another model's (listed under
+``tied`` in the record; e.g. the backward's partial-tile overhead is the forward's). Predicted / measured on
+the evaluation points::
+
+    evaluation points                      n  median    p10    p90 in +-25%
+    prefill (fwd + bwd, ours)             15    0.97   0.75   1.05      87%
+    prefill baselines (Flex, cuDNN)       17    0.98   0.90   1.04     100%
+    decode, CUDA graph (ours)             10    1.05   1.01   1.50      70%
+    decode, eager (ours)                  16    0.98   0.63   1.30      62%
+    decode (cuDNN)                         7    0.97   0.97   0.98     100%
+    layout build + transpose              14    1.16   0.67   1.79      36%
+    all kernel models (no eager decode)   49    0.99   0.83   1.15      90%
+
+Outside +-25%::
+
+    sparseattn fwd sinks64+window1024 N=4096              0.53
+    sparseattn fwd random10%+diag N=4096                  0.73
+    sparseattn decode keep0.01 N=131072 B=1 ps=16 eager   1.56
+    sparseattn decode keep0.01 N=131072 B=1 ps=16 graph   1.69
+    sparseattn decode keep0.02 N=131072 B=1 ps=16 eager   1.55
+    sparseattn decode keep0.02 N=131072 B=1 ps=16 graph   1.48
+    sparseattn decode keep0.05 N=131072 B=1 ps=16 graph   1.35
+    sparseattn decode keep0.10 N=131072 B=1 ps=16 eager   0.74
+    sparseattn decode keep0.20 N=131072 B=1 ps=16 eager   0.62
+    sparseattn decode keep0.30 N=131072 B=1 ps=16 eager   0.63
+    sparseattn decode keep0.50 N=131072 B=1 ps=16 eager   0.59
+    sparseattn layout causal N=131072                     2.23
+    sparseattn layout window1024 N=131072                 1.78
+    sparseattn transpose window1024 N=131072              1.31
+    sparseattn layout sinks64+window1024 N=131072         0.51
+    sparseattn transpose sinks64+window1024 N=131072      0.66
+    sparseattn layout dilated4&causal N=131072            0.72
+    sparseattn transpose dilated4&causal N=131072         0.69
+    sparseattn layout block_random10% N=131072            1.79
+    sparseattn transpose block_random10% N=131072         1.35
+
+Why those fail:
+
+* forward at N = 4k, 16 heads: few, short programs. ``sinks64+window1024`` measured 0.27 ms there, twice
+  ``window1024`` (0.13 ms) with 9% more tiles, while FlexAttention ran the same layout in 0.13 ms; nothing
+  in the counts separates the two, so the model (0.14 ms) misses it -- a re-measure belongs to the crossover
+  sweep. ``random10%+diag`` at 4k (4 tiles a row) is host-bound: a fixed per-call cost fitted at longer
+  lengths under-predicts it.
+* decode at batch 1 with 1-5% of the pages kept (CUDA graph): 14-22 us. The fixed cost per replay (22 us)
+  was fitted at batch 8 and 32, where it cannot be told apart from the cost per wave of programs, so batch 1
+  is over-predicted. A measured launch latency (``Ceilings.launch_us``) would pin it.
+* eager decode: the host issues each call in 66-176 us, varying from point to point within one run; a single
+  host time per call cannot follow it (the graph replays of the same points are predicted).
+* layout builds and transposes: 1-3 ms of host work that varies up to 2x between patterns and is not
+  monotone in N (causal: 1.39 ms at 32k, 0.82 ms at 131k); only the cell-evaluation term of a mask_mod
+  without a rule is predictable (the arbitrary mask: 27 ms at 32k, 410 ms at 131k, predicted within 1%).
+
+The recorded ceilings come from the project's toolchain notes and the bench data (see ``sources``);
+``python -m sparseattn.roofline check --out DIR`` on a GPU measures them and re-checks predictions against
+new measurements. Refit after replacing them.
+"""
+from .ceilings import Ceilings, ceilings, measure_ceilings
+from .counts import Shape
+from .crossover import Crossover, Report, crossover, report
+from .model import Cost, cost
+from .profile import StepProfile, profile_step
+
+__all__ = ["Ceilings", "ceilings", "measure_ceilings", "Shape", "Cost", "cost", "Crossover", "crossover",
+           "Report", "report", "StepProfile", "profile_step"]

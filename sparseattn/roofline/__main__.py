@@ -1,0 +1,246 @@
+"""``python -m sparseattn.roofline <command>``.
+
+* ``ceilings [--out DIR]`` (GPU): measure this GPU's ceilings; write ``DIR/ceilings-<gpu>.json`` (the packaged
+  record with its ``ceilings`` replaced by the measured values).
+* ``check [--out DIR] [--n 8192,...]`` (GPU, one run of a few minutes): the ceilings, then predicted vs
+  measured times of ours, FlexAttention and cuDNN on the recorded patterns (forward and backward) and on
+  decode, and a profile of one training step and one decode step; writes ``DIR/roofline-check-<gpu>.json``
+  (bench rows with ``predicted_ms`` beside ``ms``) as it goes.
+* ``calibrate [--bench DIR] [--out FILE]`` (CPU): refit the model on the recorded bench files and rewrite the
+  record (default: the packaged ``sparseattn/data/ceilings-h200.json``).
+* ``accuracy``: the accuracy of the packaged model on its evaluation points.
+* ``report PATTERN --n N [--pass fwd|bwd]`` / ``crossover FAMILY [--pass fwd|bwd]``: predictions.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+
+def _record_with(ceil) -> dict:
+    from .ceilings import device_slug, load_record
+    try:
+        rec = json.loads(json.dumps(load_record(device_slug(ceil.device))))
+    except FileNotFoundError:
+        rec = json.loads(json.dumps(load_record("h200")))
+        rec["about"] = f"measured on {ceil.device}; model and calibration copied from the H200 record"
+    rec["device"] = ceil.device
+    rec["ceilings"] = ceil.to_json()
+    return rec
+
+
+def cmd_ceilings(args) -> int:
+    from .ceilings import device_slug, measure_ceilings
+    if not torch.cuda.is_available():
+        print("measuring ceilings needs a CUDA GPU", file=sys.stderr)
+        return 2
+    c = measure_ceilings()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"ceilings-{device_slug(c.device)}.json"
+    path.write_text(json.dumps(_record_with(c), indent=1) + "\n")
+    print(json.dumps(c.to_json(), indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .ceilings import device_slug, measure_ceilings
+    if not torch.cuda.is_available():
+        print("the check needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    c = measure_ceilings()
+    (out / f"ceilings-{device_slug(c.device)}.json").write_text(json.dumps(_record_with(c), indent=1) + "\n")
+    print(json.dumps(c.to_json(), indent=1), flush=True)
+    doc = run_check(out, [int(x) for x in args.n.split(",")], args.patterns.split(","), c)
+    rows = [x for x in doc["results"] if x["ms"] and x["predicted_ms"]]
+    within = sum(abs(x["predicted_ms"] / x["ms"] - 1) <= 0.25 for x in rows)
+    print(f"\npredicted/measured on {len(rows)} rows: {within} within +-25%; wrote {doc['path']}")
+    return 0
+
+
+def run_check(out: pathlib.Path, Ns, patterns, ceil, *, device="cuda", timer=None,
+              impls=("sparseattn", "flex", "cudnn"), prefill_shape=None, decode_shape=None,
+              keeps=(0.05, 0.2, None), profiles: bool = True) -> dict:
+    """Predicted (the packaged H200 model) and measured times on the recorded patterns at lengths ``Ns``
+    (forward and backward) and on decode; written to ``out/roofline-check-<gpu>.json`` after every case, so
+    a run cut short keeps what it measured. ``device``/``timer``/``impls`` let a CPU test walk it."""
+    from .calibrate import RECORDED_PATTERNS
+    from .ceilings import device_slug
+    from .counts import Shape
+    from .crossover import DECODE_SHAPE, report
+    from .measure import measure_decode, measure_prefill
+    prefill_shape = prefill_shape or Shape(B=1, Hq=16, D=128, dtype=torch.bfloat16)
+    decode_shape = decode_shape or DECODE_SHAPE
+    path = out / f"roofline-check-{device_slug(ceil.device)}.json"
+    doc = {"suite": "roofline-check", "device": ceil.device, "date": datetime.datetime.now(datetime.timezone.utc)
+           .isoformat(timespec="seconds"), "torch": torch.__version__, "ceilings": ceil.to_json(), "results": [],
+           "profiles": {}, "path": str(path)}
+    s = prefill_shape
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[s.dtype]
+
+    def save():
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+
+    for N in Ns:
+        for pattern in patterns:
+            for pass_ in ("fwd", "bwd"):
+                t0 = time.time()
+                try:
+                    layout = RECORDED_PATTERNS[pattern](N)
+                    r = report(layout, s, pass_=pass_)
+                    r.measured.update(measure_prefill(layout, s, pass_, r.envelope, device=device, timer=timer,
+                                                      impls=impls))
+                except Exception as e:  # keep going: one failing case must not lose the others
+                    print(f"# {pattern} N={N} {pass_}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    continue
+                for impl in impls:
+                    case = {"pattern": pattern if impl != "cudnn" else r.envelope, "N": N, "B": s.B, "H": s.Hq,
+                            "Hkv": s.Hkv, "D": s.D, "dtype": dtype}
+                    doc["results"].append({"case": case, "impl": impl, "pass": pass_, "ms": r.measured[impl],
+                                           "predicted_ms": r.predicted[impl]})
+                print(f"{r}\n  ({time.time() - t0:.0f} s)", flush=True)
+                save()
+    d = decode_shape
+    for keep in keeps:
+        try:
+            r = report(None, d, pass_="decode", keep=keep)
+            r.measured.update(measure_decode(d, keep, device=device, timer=timer, graph=device != "cpu"))
+        except Exception as e:
+            print(f"# decode keep={keep}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        case = {"pattern": "dense" if keep is None else f"keep{keep:.2f}", "N": d.seq_len, "B": d.B, "Hq": d.Hq,
+                "Hkv": d.Hkv, "D": d.D, "dtype": {torch.bfloat16: "bf16", torch.float16: "fp16",
+                                                  torch.float32: "fp32"}[d.dtype], "page_size": d.page_size}
+        if keep is not None:
+            case["keep"] = keep
+        doc["results"].append({"case": case, "impl": "sparseattn", "pass": "decode (CUDA graph)",
+                               "ms": r.measured["sparseattn"], "predicted_ms": r.predicted["sparseattn"]})
+        doc["results"].append({"case": case, "impl": "cudnn", "pass": "decode dense", "ms": r.measured["cudnn"],
+                               "predicted_ms": r.predicted["cudnn"]})
+        print(r, flush=True)
+        save()
+    if profiles:
+        try:
+            doc["profiles"] = _profiles()
+        except Exception as e:
+            print(f"# profiles: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    save()
+    return doc
+
+
+def _profiles() -> dict:
+    """One training step (window 1024, N=16k, forward + backward) and one decode step, profiled."""
+    from .. import patterns as P
+    from ..layout import BlockLayout
+    from ..ops import sparse_attention, sparse_decode
+    from ..paged import PagedKVCache
+    from ..routing import select_pages
+    from .profile import profile_step
+    out = {}
+    dev = torch.device("cuda")
+    N = 16384
+    q, k, v = (torch.randn(1, 16, N, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+
+    def train_step():
+        layout = BlockLayout.from_mask_mod(P.sliding_window(1024), N, N, 128, 128, device=dev)
+        sparse_attention(q, k, v, layout).sum().backward()
+    prof = profile_step(train_step)
+    print(prof, flush=True)
+    out["train_step_window1024_16k"] = {"wall_ms": prof.wall_ms, "device_busy_ms": prof.device_busy_ms,
+                                        "buckets": prof.buckets,
+                                        "kernels": [list(k) for k in sorted(prof.kernels, key=lambda x: -x[2])[:20]]}
+    cache = PagedKVCache(8 * 2048, 16, 8, 128, dtype=torch.bfloat16, device=dev, max_seqs=8, max_pages_per_seq=2048)
+    for b in range(8):
+        cache.append(b, torch.randn(32768, 8, 128, dtype=torch.bfloat16, device=dev),
+                     torch.randn(32768, 8, 128, dtype=torch.bfloat16, device=dev))
+    qd = torch.randn(8, 32, 128, device=dev, dtype=torch.bfloat16)
+    prof = profile_step(lambda: sparse_decode(qd, cache, pages=select_pages(qd, cache, 205)))
+    print(prof, flush=True)
+    out["decode_step_keep0.10_32k"] = {"wall_ms": prof.wall_ms, "device_busy_ms": prof.device_busy_ms,
+                                       "buckets": prof.buckets,
+                                       "kernels": [list(k) for k in sorted(prof.kernels, key=lambda x: -x[2])[:20]]}
+    return out
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import run, summary_table
+    rec = run(args.bench, pathlib.Path(args.out) if args.out else None, iters=args.iters)
+    for key, m in rec["model"].items():
+        print(f"{key:24s} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in m["params"].items()))
+    print()
+    print(summary_table(rec["calibration"]["accuracy"]))
+    return 0
+
+
+def cmd_accuracy(args) -> int:
+    from .calibrate import summary_table
+    from .ceilings import load_record
+    acc = load_record("h200")["calibration"]["accuracy"]
+    print(summary_table(acc))
+    print("\noutside +-25%:")
+    for r in acc["outside_25pct"]:
+        print(f"  {r['label']:60s} ratio {r['ratio']:.2f}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .calibrate import RECORDED_PATTERNS
+    from .crossover import report
+    if args.pattern not in RECORDED_PATTERNS:
+        print(f"pattern must be one of {sorted(RECORDED_PATTERNS)}", file=sys.stderr)
+        return 2
+    print(report(RECORDED_PATTERNS[args.pattern](args.n), pass_=args.pass_, measure=args.measure))
+    return 0
+
+
+def cmd_crossover(args) -> int:
+    from .crossover import crossover
+    print(crossover(args.family, args.pass_))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sparseattn.roofline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("ceilings", help="measure this GPU's ceilings")
+    p.add_argument("--out", default=".")
+    p.set_defaults(fn=cmd_ceilings)
+    p = sub.add_parser("check", help="ceilings, predicted vs measured, profiles (GPU)")
+    p.add_argument("--out", default=".")
+    p.add_argument("--n", default="8192", help="comma-separated prefill lengths")
+    p.add_argument("--patterns", default="causal,window1024,sinks64+window1024,random10%%+diag")
+    p.set_defaults(fn=cmd_check)
+    p = sub.add_parser("calibrate", help="refit on the recorded bench files")
+    p.add_argument("--bench", default=None, help="directory of the bench JSON files (default book/data/bench)")
+    p.add_argument("--out", default=None, help="record to write (default: the packaged one)")
+    p.add_argument("--iters", type=int, default=600)
+    p.set_defaults(fn=cmd_calibrate)
+    p = sub.add_parser("accuracy", help="accuracy of the packaged model")
+    p.set_defaults(fn=cmd_accuracy)
+    p = sub.add_parser("report", help="will sparse be faster here?")
+    p.add_argument("pattern")
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--pass", dest="pass_", default="fwd", choices=["fwd", "bwd"])
+    p.add_argument("--measure", action="store_true")
+    p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("crossover", help="predicted crossover of a family")
+    p.add_argument("family")
+    p.add_argument("--pass", dest="pass_", default="fwd", choices=["fwd", "bwd"])
+    p.set_defaults(fn=cmd_crossover)
+    args = ap.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""Calibrate the cost model on recorded runs, and measure its accuracy on runs it was not fitted to.
+
+The recorded points are the rows of the repository's H200 bench files (``book/data/bench/*-h200.json``) that
+the model prices: our forward and backward (deterministic, atomic), FlexAttention's and cuDNN's, our decode
+(CUDA-graph replay and eager) and cuDNN's decode, and the layout builds. Each row's layout is rebuilt on the
+CPU exactly as the bench built it (:data:`RECORDED_PATTERNS`; the reconstruction is checked against the tile
+counts and byte counts the rows carry).
+
+Calibration and evaluation points are disjoint, by a fixed rule per model (:func:`role_of`):
+
+* prefill forward and backward, ours and FlexAttention: fitted on the ``causal`` and ``window1024`` layouts,
+  evaluated on ``sinks64+window1024`` and ``random10%+diag`` (layouts the fit never saw);
+* cuDNN forward: fitted at N = 4k, 16k, 64k, evaluated at 8k and 32k; cuDNN backward: fitted on dense,
+  evaluated on causal;
+* our decode: fitted on batch 8 and 32 (decode_keep), evaluated on batch 1 and on the separate decode suite;
+  cuDNN decode: fitted on decode_keep, evaluated on the decode suite;
+* layout build / transpose: fitted at N = 32k, evaluated at 131k.
+
+Parameters the calibration points cannot identify are tied to another model's (``tied`` in the record).
+The fit minimises the mean squared log ratio predicted/measured over the calibration points (Nelder-Mead).
+
+Run ``python -m sparseattn.roofline calibrate`` to refit and rewrite ``sparseattn/data/ceilings-h200.json``.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import pathlib
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..layout import BlockLayout
+from ..ops import BwdConfig
+from .. import patterns as P
+from .ceilings import Ceilings, load_record, record_path
+from .counts import Shape
+from .model import evaluated_cells_of, model_params, predict, work_of
+
+__all__ = ["RECORDED_PATTERNS", "Point", "load_points", "role_of", "calibrate", "evaluate", "accuracy",
+           "summary_table", "failures_table", "run", "BENCH_DIR"]
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / "book" / "data" / "bench"
+CALIBRATION_PATTERNS = ("causal", "window1024")
+
+
+# ---- the recorded layouts ---------------------------------------------------------------------------------------
+def _random_diag(N: int, block: int = 128) -> BlockLayout:
+    # as the prefill suites built it: 10% of the 128-blocks at random (CPU generator, seed 0) plus the diagonal
+    n = math.ceil(N / block)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    blocks = (torch.rand(n, n, generator=g) < 0.10) | torch.eye(n, dtype=torch.bool)
+    return BlockLayout.from_block_mask(blocks.view(1, 1, n, n), N, N, block, block)
+
+
+#: The prefill patterns of the recorded runs, by their recorded names -> ``N -> BlockLayout`` (128 tiles, CPU).
+#: They are the recorded data's definitions and must stay as they were when the data was recorded; a test
+#: checks them against the bench's current builders.
+RECORDED_PATTERNS: Dict[str, Callable[[int], BlockLayout]] = {
+    "dense": lambda N: BlockLayout.from_mask_mod(P.full(), N, N, 128, 128, device="cpu"),
+    "causal": lambda N: BlockLayout.from_mask_mod(P.causal(), N, N, 128, 128, device="cpu"),
+    "window1024": lambda N: BlockLayout.from_mask_mod(P.sliding_window(1024), N, N, 128, 128, device="cpu"),
+    "sinks64+window1024": lambda N: BlockLayout.from_mask_mod(P.sinks_window(64, 1024), N, N, 128, 128,
+                                                              device="cpu"),
+    "random10%+diag": _random_diag,
+}
+
+
+def _layout_build_mask(name: str, N: int):
+    """The layout suite's mask_mods (documents: 32 sorted random ids, as the suite drew them on the GPU; the
+    CPU draw here has the same distribution, and only the number of undecided tiles matters)."""
+    if name == "documents&causal":
+        g = torch.Generator().manual_seed(0)
+        docs = torch.sort(torch.randint(0, 32, (N,), generator=g)).values
+        return P.and_masks(P.causal(), P.document(docs))
+    return {"causal": P.causal(), "window1024": P.sliding_window(1024), "sinks64+window1024": P.sinks_window(64, 1024),
+            "dilated4&causal": P.and_masks(P.causal(), P.dilated(4)),
+            "block_random10%": P.block_random(0.1, 128, seed=0),
+            "arbitrary(no rule)": lambda b, h, q, k: (k <= q) & ((q - k) % 7 != 3)}[name]
+
+
+# ---- points ----------------------------------------------------------------------------------------------------
+@dataclass
+class Point:
+    """One recorded timing the model prices."""
+
+    id: str
+    group: str  # model key: "sparseattn/fwd", "sparseattn/bwd-atomic", "cudnn/decode", "index/layout", ...
+    impl: str
+    pass_: str  # "fwd" | "bwd" | "decode" | "layout" | "transpose"
+    pattern: str
+    N: int
+    ms: float
+    graph: bool = False
+    case: dict = field(default_factory=dict)
+    row: dict = field(default_factory=dict)
+    role: str = ""
+
+    def label(self) -> str:
+        extra = "" if self.pass_ != "decode" else f" B={self.case.get('B')} ps={self.case.get('page_size')}" + (
+            " graph" if self.graph else " eager")
+        return f"{self.impl} {self.pass_} {self.pattern} N={self.N}{extra}"
+
+
+_GROUPS = {
+    ("sparseattn", "fwd"): "sparseattn/fwd", ("flex", "fwd"): "flex/fwd", ("cudnn", "fwd"): "cudnn/fwd",
+    ("sparseattn", "bwd"): "sparseattn/bwd", ("sparseattn-nosplit", "bwd"): "sparseattn/bwd",
+    ("sparseattn-atomic", "bwd"): "sparseattn/bwd-atomic", ("flex", "bwd"): "flex/bwd",
+    ("cudnn", "bwd"): "cudnn/bwd",
+    ("sparseattn", "decode (CUDA graph)"): "sparseattn/decode", ("sparseattn", "decode"): "sparseattn/decode",
+    ("cudnn", "decode dense"): "cudnn/decode",
+    ("sparseattn", "layout"): "index/layout", ("sparseattn", "transpose"): "index/transpose",
+}
+#: The bench files the calibration reads (the main runs; sweep and re-check files repeat these points).
+FILES = ("prefill-h200.json", "backward-h200.json", "decode_keep-h200.json", "decode-h200.json", "layout-h200.json")
+
+
+def load_points(bench_dir=None) -> List[Point]:
+    """Every row of the recorded files that the model prices, with its calibration/evaluation role."""
+    bench_dir = pathlib.Path(bench_dir) if bench_dir is not None else BENCH_DIR
+    points = []
+    for fname in FILES:
+        doc = json.loads((bench_dir / fname).read_text())
+        for i, r in enumerate(doc["results"]):
+            key = (r["impl"], r["pass"])
+            if key not in _GROUPS or r.get("ms") is None or r.get("sweep") or r.get("config"):
+                continue
+            c = r["case"]
+            pass_ = {"decode (CUDA graph)": "decode", "decode": "decode", "decode dense": "decode"}.get(r["pass"],
+                                                                                                       r["pass"])
+            p = Point(id=f"{fname}#{i}", group=_GROUPS[key], impl=r["impl"], pass_=pass_, pattern=c["pattern"],
+                      N=int(c["N"]), ms=float(r["ms"]), graph=r["pass"] == "decode (CUDA graph)", case=c, row=r)
+            p.role = role_of(p)
+            points.append(p)
+    return points
+
+
+def role_of(p: Point) -> str:
+    """``"calibration"`` or ``"evaluation"`` by the fixed rule of the module docstring."""
+    g = p.group
+    if g in ("sparseattn/fwd", "flex/fwd", "sparseattn/bwd", "sparseattn/bwd-atomic", "flex/bwd"):
+        ok = p.pattern in CALIBRATION_PATTERNS and p.impl != "sparseattn-nosplit"
+    elif g == "cudnn/fwd":
+        ok = p.N in (4096, 16384, 65536)
+    elif g == "cudnn/bwd":
+        ok = p.pattern == "dense"
+    elif g == "sparseattn/decode":
+        ok = p.id.startswith("decode_keep") and p.case["B"] in (8, 32)
+    elif g == "cudnn/decode":
+        ok = p.id.startswith("decode_keep")
+    elif g in ("index/layout", "index/transpose"):
+        ok = p.N == 32768
+    else:
+        raise ValueError(f"no split rule for group {g!r}")
+    return "calibration" if ok else "evaluation"
+
+
+# ---- each point's work -------------------------------------------------------------------------------------------
+_LAYOUTS: Dict[tuple, BlockLayout] = {}
+
+
+def _layout(pattern: str, N: int) -> BlockLayout:
+    if (pattern, N) not in _LAYOUTS:
+        _LAYOUTS[(pattern, N)] = RECORDED_PATTERNS[pattern](N)
+    return _LAYOUTS[(pattern, N)]
+
+
+def _keep_of(pattern: str) -> Optional[float]:
+    m = re.fullmatch(r"keep([0-9.]+)", pattern)
+    return float(m.group(1)) if m else None
+
+
+def point_work(p: Point, ceil: Ceilings):
+    """The Work of a recorded point (checked against the tile and byte counts its row recorded); None for a
+    layout build or transpose."""
+    c = p.case
+    if p.pass_ in ("layout", "transpose"):
+        return None
+    impl = "sparseattn" if p.impl.startswith("sparseattn") else p.impl
+    if p.pass_ == "decode":
+        s = Shape(B=c["B"], Hq=c["Hq"], Hkv=c["Hkv"], D=c["D"], dtype=c["dtype"], seq_len=p.N,
+                  page_size=c["page_size"])
+        keep = None if impl == "cudnn" else c.get("keep", _keep_of(p.pattern))  # cuDNN reads the whole cache
+        work = work_of(None, s, "decode", keep=keep, impl="sparseattn", device=ceil)
+        if "bytes" in p.row and impl == "sparseattn":
+            got = work.kernels[0].hbm["kv"]
+            if abs(got - p.row["bytes"]) > 1e-6 * p.row["bytes"]:
+                raise AssertionError(f"{p.label()}: rebuilt decode reads {got:.0f} bytes, the row says {p.row['bytes']}")
+        return work
+    layout = _layout(p.pattern, p.N)
+    if "tiles" in c:
+        tiles = int(layout.kv_count.sum() + layout.full_count.sum())
+        if tiles != c["tiles"]:
+            raise AssertionError(f"{p.label()}: rebuilt layout lists {tiles} tiles, the row says {c['tiles']}")
+    s = Shape(B=c["B"], Hq=c["H"], Hkv=c["H"], D=c["D"], dtype=c["dtype"])
+    config = None
+    if p.impl == "sparseattn-nosplit":  # the suite's variant: one chunk per column
+        config = BwdConfig(block_m=64, block_n=128, dq_block_m=128, dq_block_n=64, num_warps=8, num_stages=2,
+                           chunk=1 << 30)
+    return work_of(layout, s, p.pass_, config, deterministic=p.impl != "sparseattn-atomic", impl=impl,
+                   device=ceil)
+
+
+# ---- the fit -------------------------------------------------------------------------------------------------------
+#: Per model: free parameters (name, start, low, high), fixed values, and parameters tied to another model's.
+SPECS = {
+    "sparseattn/decode": dict(free=[("eff_memory", 0.9, 0.3, 1.3), ("step_us", 1.0, 0.01, 50.0),
+                                    ("program_overhead", 1.0, 0.0, 50.0), ("call_ms", 0.005, 0.0, 0.1),
+                                    ("host_ms", 0.08, 0.0, 0.5)],
+                              fixed={"partial_overhead": 0.0}),
+    "cudnn/decode": dict(free=[("eff_memory", 0.9, 0.3, 1.3), ("call_ms", 0.01, 0.0, 0.1)],
+                         fixed={"step_us": 0.0, "program_overhead": 0.0, "partial_overhead": 0.0, "host_ms": 0.0}),
+    "sparseattn/fwd": dict(free=[("eff_compute", 0.6, 0.1, 1.2), ("partial_overhead", 0.5, 0.0, 5.0),
+                                 ("program_overhead", 1.0, 0.0, 30.0), ("call_ms", 0.05, 0.0, 0.3)],
+                           tied={"eff_memory": "sparseattn/decode:eff_memory"}),
+    "flex/fwd": dict(free=[("eff_compute", 0.6, 0.1, 1.2), ("partial_overhead", 0.5, 0.0, 5.0),
+                           ("program_overhead", 1.0, 0.0, 30.0), ("call_ms", 0.05, 0.0, 0.3)],
+                     tied={"eff_memory": "sparseattn/decode:eff_memory"}),
+    "cudnn/fwd": dict(free=[("eff_compute", 0.8, 0.1, 1.2), ("program_overhead", 1.0, 0.0, 30.0),
+                            ("call_ms", 0.02, 0.0, 0.3)],
+                      fixed={"partial_overhead": 0.0}, tied={"eff_memory": "sparseattn/decode:eff_memory"}),
+    # the backward's per-program prologue/epilogue (K, V loads; dK, dV stores) is its own; a partial step's
+    # extra mask work is taken to cost the forward's fraction (two backward points per model cannot fit both)
+    "sparseattn/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2), ("program_overhead", 1.0, 0.0, 30.0)],
+                           tied={"eff_memory": "sparseattn/decode:eff_memory",
+                                 "partial_overhead": "sparseattn/fwd:partial_overhead",
+                                 "call_ms": "sparseattn/fwd:call_ms"}),
+    "sparseattn/bwd-atomic": dict(free=[("eff_compute", 0.5, 0.05, 1.2)],
+                                  tied={"eff_memory": "sparseattn/decode:eff_memory",
+                                        "partial_overhead": "sparseattn/fwd:partial_overhead",
+                                        "program_overhead": "sparseattn/bwd:program_overhead",
+                                        "call_ms": "sparseattn/fwd:call_ms"}),
+    "flex/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2), ("program_overhead", 1.0, 0.0, 30.0)],
+                     tied={"eff_memory": "sparseattn/decode:eff_memory", "partial_overhead": "flex/fwd:partial_overhead",
+                           "call_ms": "flex/fwd:call_ms"}),
+    "cudnn/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2)],
+                      fixed={"partial_overhead": 0.0},
+                      tied={"eff_memory": "sparseattn/decode:eff_memory", "program_overhead": "cudnn/fwd:program_overhead",
+                            "call_ms": "cudnn/fwd:call_ms"}),
+    "index/layout": dict(free=[("fixed_ms", 1.5, 0.0, 20.0), ("ns_per_cell", 0.02, 0.0, 10.0)]),
+    "index/transpose": dict(free=[("fixed_ms", 1.0, 0.0, 20.0)]),
+}
+ORDER = list(SPECS)  # tied parameters always point to a model fitted earlier in this order
+
+
+def _nelder_mead(f, x0: np.ndarray, scale: np.ndarray, iters: int = 600, tol: float = 1e-10) -> np.ndarray:
+    """Minimise ``f`` from ``x0`` (a plain Nelder-Mead; the models have at most five parameters)."""
+    n = len(x0)
+    simplex = [x0] + [x0 + np.eye(n)[i] * scale[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if abs(values[-1] - values[0]) < tol:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        xr = centroid + (centroid - simplex[-1])
+        fr = f(xr)
+        if fr < values[0]:
+            xe = centroid + 2 * (centroid - simplex[-1])
+            fe = f(xe)
+            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (simplex[-1] - centroid)
+            fc = f(xc)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = xc, fc
+            else:
+                best = simplex[0]
+                simplex = [best + 0.5 * (x - best) for x in simplex]
+                values = [f(x) for x in simplex]
+    return simplex[int(np.argmin(values))]
+
+
+def _predict_point(p: Point, work, params: dict, ceil: Ceilings) -> float:
+    if p.pass_ == "layout":
+        return params["fixed_ms"] + params["ns_per_cell"] * 1e-6 * p.row["_cells"]
+    if p.pass_ == "transpose":
+        return params["fixed_ms"]
+    t = predict(work, params, ceil, work_dtype(p), graph=p.graph or p.impl == "cudnn")
+    return t["kernels_ms"] + t["launch"]
+
+
+def work_dtype(p: Point):
+    return Shape(dtype=p.case.get("dtype", "bf16")).dtype
+
+
+def _params_of(model: dict, key: str, free_values: Dict[str, float]) -> dict:
+    spec = SPECS[key]
+    params = dict(spec.get("fixed", {}))
+    for name, src in spec.get("tied", {}).items():
+        g, q = src.split(":")
+        params[name] = model[g]["params"][q]
+    params.update(free_values)
+    return params
+
+
+def calibrate(points: List[Point], ceil: Ceilings, iters: int = 600) -> dict:
+    """Fit every model on its calibration points; returns the ``model`` section of the record."""
+    works = {p.id: point_work(p, ceil) for p in points}
+    for p in points:
+        if p.pass_ == "layout":
+            p.row["_cells"] = evaluated_cells_of(_layout_build_mask(p.pattern, p.N), p.N, p.N)
+    model: Dict[str, dict] = {}
+    for key in ORDER:
+        spec = SPECS[key]
+        cal = [p for p in points if p.group == key and p.role == "calibration"]
+        if not cal:
+            raise ValueError(f"no calibration points for {key}")
+        names = [f[0] for f in spec["free"]]
+        lo = np.array([f[2] for f in spec["free"]])
+        hi = np.array([f[3] for f in spec["free"]])
+
+        def unpack(x):
+            return {n: float(v) for n, v in zip(names, np.clip(x, lo, hi))}
+
+        def loss(x, forms=None):
+            free = unpack(x)
+            params = _params_of(model, key, free)
+            if forms:
+                params["call_form"] = forms
+            errs = [math.log(max(_predict_point(p, works[p.id], params, ceil), 1e-9) / p.ms) for p in cal]
+            penalty = float(np.sum((x - np.clip(x, lo, hi)) ** 2))
+            return float(np.mean(np.square(errs))) + penalty
+
+        x0 = np.array([f[1] for f in spec["free"]])
+        scale = np.maximum(np.abs(x0) * 0.5, (hi - lo) * 0.05)
+        best_x, best_form, best_loss = None, None, float("inf")
+        forms = ["sum", "max"] if key.endswith("/fwd") else [None]
+        for form in forms:
+            for start in (x0, lo + 0.3 * (hi - lo), lo + 0.7 * (hi - lo)):
+                x = _nelder_mead(lambda z: loss(z, form), start.astype(float), scale, iters=iters)
+                x = _nelder_mead(lambda z: loss(z, form), x, scale * 0.1, iters=iters)
+                val = loss(x, form)
+                if val < best_loss:
+                    best_x, best_form, best_loss = x, form, val
+        params = unpack(best_x)
+        for name, value in spec.get("fixed", {}).items():
+            params[name] = value
+        if best_form:
+            params["call_form"] = best_form
+        model[key] = {"params": params, "tied": dict(spec.get("tied", {})),
+                      "calibration_points": [p.id for p in cal], "calibration_rms_log": math.sqrt(best_loss)}
+    return model
+
+
+def evaluate(points: List[Point], model: dict, ceil: Ceilings) -> List[dict]:
+    """Predicted/measured for every point (calibration and evaluation) with the fitted model."""
+    record = {"model": model}
+    rows = []
+    for p in points:
+        work = point_work(p, ceil)
+        if p.pass_ == "layout" and "_cells" not in p.row:
+            p.row["_cells"] = evaluated_cells_of(_layout_build_mask(p.pattern, p.N), p.N, p.N)
+        if p.pass_ in ("layout", "transpose"):
+            params = model[p.group]["params"]
+        else:
+            impl = "sparseattn" if p.impl.startswith("sparseattn") else p.impl
+            params = model_params(impl, p.pass_, deterministic=p.impl != "sparseattn-atomic", record=record)
+        pred = _predict_point(p, work, params, ceil)
+        rows.append({"id": p.id, "label": p.label(), "group": p.group, "role": p.role, "measured_ms": p.ms,
+                     "predicted_ms": pred, "ratio": pred / p.ms})
+    return rows
+
+
+def _dist(ratios: List[float]) -> dict:
+    if not ratios:
+        return {"n": 0}
+    r = np.array(ratios)
+    return {"n": int(r.size), "median": float(np.median(r)), "p10": float(np.quantile(r, 0.1)),
+            "p90": float(np.quantile(r, 0.9)), "within_25pct": float(np.mean(np.abs(r - 1) <= 0.25))}
+
+
+#: How the accuracy is summarised: the kernel-time models (what the crossover needs) and the rest.
+CLASSES = {
+    "prefill (fwd + bwd, ours)": ("sparseattn/fwd", "sparseattn/bwd", "sparseattn/bwd-atomic"),
+    "prefill baselines (Flex, cuDNN)": ("flex/fwd", "flex/bwd", "cudnn/fwd", "cudnn/bwd"),
+    "decode, CUDA graph (ours)": ("sparseattn/decode:graph",),
+    "decode, eager (ours)": ("sparseattn/decode:eager",),
+    "decode (cuDNN)": ("cudnn/decode",),
+    "layout build + transpose": ("index/layout", "index/transpose"),
+}
+
+
+def _class_key(row: dict) -> str:
+    if row["group"] == "sparseattn/decode":
+        return "sparseattn/decode:" + ("graph" if row["label"].endswith("graph") else "eager")
+    return row["group"]
+
+
+def accuracy(rows: List[dict]) -> dict:
+    """Distribution of predicted/measured on the evaluation points, per class and per model, plus the list of
+    evaluation points outside +-25%."""
+    ev = [r for r in rows if r["role"] == "evaluation"]
+    out = {"classes": {}, "groups": {}, "outside_25pct": []}
+    for name, keys in CLASSES.items():
+        out["classes"][name] = _dist([r["ratio"] for r in ev if _class_key(r) in keys])
+    for g in sorted({r["group"] for r in rows}):
+        out["groups"][g] = {"evaluation": _dist([r["ratio"] for r in ev if r["group"] == g]),
+                            "calibration": _dist([r["ratio"] for r in rows
+                                                  if r["group"] == g and r["role"] == "calibration"])}
+    kernel = [r["ratio"] for r in ev if not r["group"].startswith("index") and _class_key(r) != "sparseattn/decode:eager"]
+    out["kernels (all evaluation points except eager decode and layout builds)"] = _dist(kernel)
+    out["outside_25pct"] = [{"label": r["label"], "ratio": round(r["ratio"], 3), "measured_ms": r["measured_ms"],
+                             "predicted_ms": round(r["predicted_ms"], 5)} for r in ev if abs(r["ratio"] - 1) > 0.25]
+    return out
+
+
+def summary_table(acc: dict) -> str:
+    """The accuracy classes as a fixed-width table (what the package docstring quotes)."""
+    lines = [f"{'evaluation points':36s} {'n':>3s} {'median':>7s} {'p10':>6s} {'p90':>6s} {'in +-25%':>8s}"]
+    items = list(acc["classes"].items())
+    items.append(("all kernel models (no eager decode)",
+                  acc["kernels (all evaluation points except eager decode and layout builds)"]))
+    for name, d in items:
+        if d["n"] == 0:
+            continue
+        lines.append(f"{name:36s} {d['n']:3d} {d['median']:7.2f} {d['p10']:6.2f} {d['p90']:6.2f} "
+                     f"{d['within_25pct'] * 100:7.0f}%")
+    return "\n".join(lines)
+
+
+def failures_table(acc: dict) -> str:
+    """The evaluation points outside +-25%, one a line (what the package docstring quotes)."""
+    return "\n".join(f"{r['label']:52s} {r['ratio']:5.2f}" for r in acc["outside_25pct"])
+
+
+def run(bench_dir=None, out: Optional[pathlib.Path] = None, slug: str = "h200", iters: int = 600) -> dict:
+    """Refit on the recorded files and write the record (the packaged one by default)."""
+    record = json.loads(json.dumps(load_record(slug)))
+    ceil = Ceilings.from_json(record["ceilings"])
+    points = load_points(bench_dir)
+    model = calibrate(points, ceil, iters=iters)
+    rows = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()}
+            for r in evaluate(points, model, ceil)]
+    acc = accuracy(rows)  # from the stored (rounded) rows, so a reader can recompute it from the record
+    record["model"] = model
+    record["calibration"] = {
+        "date": datetime.date.today().isoformat(),
+        "files": list(FILES),
+        "rule": role_of.__doc__.strip() + " See sparseattn.roofline.calibrate.",
+        "calibration_points": [p.id for p in points if p.role == "calibration"],
+        "evaluation_points": [p.id for p in points if p.role == "evaluation"],
+        "points": rows,
+        "accuracy": acc,
+    }
+    path = pathlib.Path(out) if out is not None else record_path(slug)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    load_record.cache_clear()
+    return record
