@@ -24,7 +24,7 @@ LAYERS = [
     {"ops"},
     {"roofline"},
     {"bench"},
-    {"book", "viz"},
+    {"book", "viz", "exercises"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
