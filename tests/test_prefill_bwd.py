@@ -82,7 +82,8 @@ def test_split_sink_columns(chunk, deterministic):
     """Sink columns visited by every query tile are cut into chunks and reduced in a fixed order."""
     L = 160
     layout = BlockLayout.from_mask_mod(PATTERNS["sinks+window"], L, L, 32, 32, device="cpu")
-    cfg = BwdConfig(32, 16, 16, 32, 4, 1, chunk=chunk)  # sub-tiles of the layout tiles, 1..3 query tiles a chunk
+    cfg = BwdConfig(block_m=32, block_n=16, dq_block_m=16, dq_block_n=32, num_warps=4, num_stages=1,
+                    chunk=chunk)  # sub-tiles of the layout tiles, 1..3 query tiles a chunk
     check_grads(layout, *(rand(1, 2, L, 32) for _ in range(3)), deterministic=deterministic, bwd_config=cfg)
 
 

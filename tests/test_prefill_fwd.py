@@ -216,7 +216,7 @@ def test_pointer_and_descriptor_paths(name, tma):
     L = 100
     layout = BlockLayout.from_mask_mod(PATTERNS[name], L, L, 32, 32, device="cpu")
     q, k, v = (rand(1, 2, L, 32, dtype=torch.float32) for _ in range(3))
-    cfg = FwdConfig(32, 16, 4, 1, tma=tma)  # kernel tiles smaller than the layout's: 2 steps per tile
+    cfg = FwdConfig(block_m=32, block_n=16, num_warps=4, num_stages=1, tma=tma)  # kernel tiles smaller than the layout's: 2 steps per tile
     run_and_check(layout, q, k, v, config=cfg)
 
 
@@ -247,3 +247,15 @@ def test_tile_fallback_when_shared_memory_runs_out(monkeypatch):
     layout = BlockLayout.from_mask_mod(P.causal(), 64, 64, 32, 32, device="cpu")
     run_and_check(layout, *(rand(1, 1, 64, 16, dtype=torch.float32) for _ in range(3)))
     assert len(seen) == 2 and seen[1][0] <= 32
+
+
+def test_ops_leave_the_layout_unchanged():
+    """Derived plans are cached in the layout's declared slot: an op on a bits-path layout changes neither its
+    fields nor stats(), and a layout accepts no new attributes."""
+    layout = BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.dilated(3)), 64, 64, 32, 32, device="cpu")
+    before = layout.stats()
+    assert before["tile_bits_bytes"] == 0 and layout.tile_bits is None
+    sa.sparse_attention(*(rand(1, 1, 64, 16, dtype=torch.float32) for _ in range(3)), layout)
+    assert layout.stats() == before and layout.tile_bits is None
+    with pytest.raises(AttributeError):
+        layout._kernel_cache = {}

@@ -63,7 +63,8 @@ def test_split_and_unsplit_columns_agree():
     L = 8192
     layout = BlockLayout.from_mask_mod(PATS["sinks+window"], L, L, device="cuda")
     q, k, v, do = (torch.randn(1, 4, L, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    split = _grads(layout, q, k, v, do, bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=4))
-    whole = _grads(layout, q, k, v, do, bwd_config=BwdConfig(32, 128, 128, 32, 4, 3, chunk=1 << 30))
+    tiles = dict(block_m=32, block_n=128, dq_block_m=128, dq_block_n=32, num_warps=4, num_stages=3)
+    split = _grads(layout, q, k, v, do, bwd_config=BwdConfig(**tiles, chunk=4))
+    whole = _grads(layout, q, k, v, do, bwd_config=BwdConfig(**tiles, chunk=1 << 30))
     for a, b in zip(split, whole):
         assert _rel(a.float(), b.double()) < 1e-2
