@@ -358,22 +358,34 @@ def test_package_docstring_quotes_the_recorded_accuracy():
     assert textwrap.indent(C.failures_table(acc), "    ") in R.__doc__
 
 
-def test_recorded_layouts_match_the_bench_builders():
-    import importlib
-    import pkgutil
+def test_bench_and_roofline_share_one_home_for_cases_timers_and_slugs():
+    """The suites measure the layouts the calibration rebuilds, with the timers the roofline uses: the same
+    objects, not copies."""
     import sparseattn.bench as bench
-    mods = [bench] + [importlib.import_module(f"sparseattn.bench.{m.name}")
-                      for m in pkgutil.iter_modules(getattr(bench, "__path__", []))]
-    builder = next((getattr(m, "prefill_layout") for m in mods if hasattr(m, "prefill_layout")), None)
-    assert builder is not None, "no prefill_layout in sparseattn.bench: update this test and calibrate.py"
-    for pattern in ("causal", "window1024", "sinks64+window1024", "random10%+diag"):
-        for N in (1024, 2176):
-            ours, theirs = C.RECORDED_PATTERNS[pattern](N), builder(pattern, N, device="cpu")
-            for a, b in zip(ours.block_classes(), theirs.block_classes()):
-                assert torch.equal(a, b), (pattern, N)
-    slug = next((getattr(m, "gpu_slug") for m in mods if hasattr(m, "gpu_slug")), None)
+    from sparseattn.bench import _common as BC, cases as bench_cases
+    from sparseattn.roofline import cases, timing
+    for name in ("prefill_layout", "prefill_mask_mod", "dense_pattern_of", "layout_mask_mod", "decode_setup",
+                 "PREFILL_PATTERNS", "LAYOUT_PATTERNS"):
+        assert getattr(bench_cases, name) is getattr(cases, name), name
+    for name in ("time_gpu", "time_host", "graph_step", "compiled_flex", "flex_fn", "sdpa_fn", "sdpa_backend"):
+        assert getattr(BC, name) is getattr(timing, name) is getattr(bench, name, getattr(timing, name)), name
+    assert BC.gpu_slug is device_slug
     for name in ("NVIDIA H200", "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA A100-SXM4-80GB"):
-        assert device_slug(name) == slug(name)
+        assert device_slug(name) == {"NVIDIA H200": "h200", "NVIDIA GeForce RTX 4090": "rtx-4090", "Tesla T4": "t4",
+                                     "NVIDIA A100-SXM4-80GB": "a100"}[name]
+    for pattern in ("causal", "window1024", "sinks64+window1024", "random10%+diag"):
+        lay = C.RECORDED_PATTERNS[pattern](1024)
+        assert lay.block_q == lay.block_k == 128 and lay.device.type == "cpu"
+
+
+def test_rebuilt_layouts_must_match_the_recorded_tile_counts():
+    """The calibration refuses a recorded row whose rebuilt layout lists another number of tiles (a builder
+    changed after the data was recorded)."""
+    p = next(p for p in C.load_points() if p.group == "sparseattn/fwd" and p.pattern == "window1024")
+    C.point_work(p, R.ceilings())  # the recorded count matches
+    bad = C.Point(**{**p.__dict__, "case": {**p.case, "tiles": p.case["tiles"] + 1}})
+    with pytest.raises(AssertionError, match="tiles"):
+        C.point_work(bad, R.ceilings())
 
 
 # ---- crossover and report ---------------------------------------------------------------------------------------------

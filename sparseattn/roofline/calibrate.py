@@ -24,6 +24,7 @@ Run ``python -m sparseattn.roofline calibrate`` to refit and rewrite ``sparseatt
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import pathlib
@@ -36,7 +37,7 @@ import torch
 
 from ..layout import BlockLayout
 from ..ops import BwdConfig
-from .. import patterns as P
+from .cases import PREFILL_PATTERNS, layout_mask_mod, prefill_layout
 from .ceilings import Ceilings, load_record, record_path
 from .counts import Shape
 from .model import evaluated_cells_of, model_params, predict, work_of
@@ -49,38 +50,18 @@ CALIBRATION_PATTERNS = ("causal", "window1024")
 
 
 # ---- the recorded layouts ---------------------------------------------------------------------------------------
-def _random_diag(N: int, block: int = 128) -> BlockLayout:
-    # as the prefill suites built it: 10% of the 128-blocks at random (CPU generator, seed 0) plus the diagonal
-    n = math.ceil(N / block)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    blocks = (torch.rand(n, n, generator=g) < 0.10) | torch.eye(n, dtype=torch.bool)
-    return BlockLayout.from_block_mask(blocks.view(1, 1, n, n), N, N, block, block)
-
-
-#: The prefill patterns of the recorded runs, by their recorded names -> ``N -> BlockLayout`` (128 tiles, CPU).
-#: They are the recorded data's definitions and must stay as they were when the data was recorded; a test
-#: checks them against the bench's current builders.
+#: The prefill patterns of the recorded runs, by their recorded names -> ``N -> BlockLayout`` (128 tiles, CPU),
+#: built by the same code as the suites (:mod:`.cases`); each rebuilt layout is checked against the tile
+#: count its row recorded (:func:`point_work`).
 RECORDED_PATTERNS: Dict[str, Callable[[int], BlockLayout]] = {
-    "dense": lambda N: BlockLayout.from_mask_mod(P.full(), N, N, 128, 128, device="cpu"),
-    "causal": lambda N: BlockLayout.from_mask_mod(P.causal(), N, N, 128, 128, device="cpu"),
-    "window1024": lambda N: BlockLayout.from_mask_mod(P.sliding_window(1024), N, N, 128, 128, device="cpu"),
-    "sinks64+window1024": lambda N: BlockLayout.from_mask_mod(P.sinks_window(64, 1024), N, N, 128, 128,
-                                                              device="cpu"),
-    "random10%+diag": _random_diag,
-}
+    name: functools.partial(prefill_layout, name, block=128, device="cpu") for name in ["dense"] + PREFILL_PATTERNS}
 
 
 def _layout_build_mask(name: str, N: int):
-    """The layout suite's mask_mods (documents: 32 sorted random ids, as the suite drew them on the GPU; the
-    CPU draw here has the same distribution, and only the number of undecided tiles matters)."""
-    if name == "documents&causal":
-        g = torch.Generator().manual_seed(0)
-        docs = torch.sort(torch.randint(0, 32, (N,), generator=g)).values
-        return P.and_masks(P.causal(), P.document(docs))
-    return {"causal": P.causal(), "window1024": P.sliding_window(1024), "sinks64+window1024": P.sinks_window(64, 1024),
-            "dilated4&causal": P.and_masks(P.causal(), P.dilated(4)),
-            "block_random10%": P.block_random(0.1, 128, seed=0),
-            "arbitrary(no rule)": lambda b, h, q, k: (k <= q) & ((q - k) % 7 != 3)}[name]
+    """The layout suite's mask_mods (documents: 32 sorted random ids, drawn here with a seeded CPU generator;
+    the suite drew them on the GPU from the same distribution, and only the number of undecided tiles
+    matters)."""
+    return layout_mask_mod(name, N, device="cpu", generator=torch.Generator().manual_seed(0))
 
 
 # ---- points ----------------------------------------------------------------------------------------------------
