@@ -16,7 +16,7 @@ import sparseattn.roofline as R
 from sparseattn.roofline import calibrate as C
 from sparseattn.roofline.ceilings import device_slug
 from sparseattn.roofline.counts import Shape, bwd_work, decode_input, decode_work, fwd_work
-from sparseattn.roofline.crossover import _cross, envelope_of
+from sparseattn.roofline.crossover import crossing, envelope_of
 from sparseattn.roofline.model import makespan
 from sparseattn.roofline.profile import _split, bucket_of, busy_ms
 
@@ -390,13 +390,13 @@ def test_rebuilt_layouts_must_match_the_recorded_tile_counts():
 
 # ---- crossover and report ---------------------------------------------------------------------------------------------
 def test_cross_interpolates_the_log_ratio():
-    value, state = _cross([1000, 2000, 4000], [2.0, 1.0, 0.5], [1.0, 1.0, 1.0], "N")
+    value, state = crossing([1000, 2000, 4000], [2.0, 1.0, 0.5], [1.0, 1.0, 1.0], "N")
     assert state == "crosses" and value == pytest.approx(2000)
-    value, _ = _cross([1000, 4000], [2.0, 0.5], [1.0, 1.0], "N")
+    value, _ = crossing([1000, 4000], [2.0, 0.5], [1.0, 1.0], "N")
     assert value == pytest.approx(2000)  # log-log midpoint
-    assert _cross([1, 2], [0.5, 0.5], [1, 1], "N") == (None, "always")
-    assert _cross([1, 2], [2, 2], [1, 1], "keep") == (None, "never")
-    value, state = _cross([0.1, 0.2, 0.4], [0.5, 1.0, 2.0], [1, 1, 1], "keep")
+    assert crossing([1, 2], [0.5, 0.5], [1, 1], "N") == (None, "always")
+    assert crossing([1, 2], [2, 2], [1, 1], "keep") == (None, "never")
+    value, state = crossing([0.1, 0.2, 0.4], [0.5, 1.0, 2.0], [1, 1, 1], "keep")
     assert state == "crosses" and value == pytest.approx(0.2)
 
 

@@ -49,9 +49,11 @@ def environment() -> dict:
     return env
 
 
-def write_json(suite: str, records: List[Record], out_dir: str, env: dict, variant: Optional[str] = None) -> str:
-    """Write ``<suite>[-<variant>]-<gpu>.json`` (the results file) into ``out_dir``; return its path."""
-    doc = {"suite": suite, **env, "results": [r.to_json() for r in records]}
+def write_json(suite: str, records: List[Record], out_dir: str, env: dict, variant: Optional[str] = None,
+               meta: Optional[dict] = None) -> str:
+    """Write ``<suite>[-<variant>]-<gpu>.json`` (the results file) into ``out_dir``; return its path. ``meta``:
+    more keys of the file's meta block (a suite's grid, its profiles)."""
+    doc = {"suite": suite, **env, **(meta or {}), "results": [r.to_json() for r in records]}
     return write_doc(doc, out_dir, bench_filename(suite, gpu_slug(env["device"]), variant))
 
 

@@ -138,36 +138,13 @@ def run_check(out: pathlib.Path, Ns, patterns, ceil, *, device="cuda", timer=Non
 
 
 def _profiles() -> dict:
-    """One training step (window 1024, N=16k, forward + backward) and one decode step, profiled."""
-    from .. import patterns as P
-    from ..layout import BlockLayout
-    from ..ops import sparse_attention, sparse_decode
-    from ..paged import PagedKVCache
-    from ..routing import select_pages
-    from .profile import profile_step
+    """The book's two example steps (:func:`.profile.example_steps`), profiled on the GPU."""
+    from .profile import example_steps, profile_step
     out = {}
-    dev = torch.device("cuda")
-    N = 16384
-    q, k, v = (torch.randn(1, 16, N, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-
-    def train_step():
-        layout = BlockLayout.from_mask_mod(P.sliding_window(1024), N, N, 128, 128, device=dev)
-        sparse_attention(q, k, v, layout).sum().backward()
-    prof = profile_step(train_step)
-    print(prof, flush=True)
-    out["train_step_window1024_16k"] = {"wall_ms": prof.wall_ms, "device_busy_ms": prof.device_busy_ms,
-                                        "buckets": prof.buckets,
-                                        "kernels": [list(k) for k in sorted(prof.kernels, key=lambda x: -x[2])[:20]]}
-    cache = PagedKVCache(8 * 2048, 16, 8, 128, dtype=torch.bfloat16, device=dev, max_seqs=8, max_pages_per_seq=2048)
-    for b in range(8):
-        cache.append(b, torch.randn(32768, 8, 128, dtype=torch.bfloat16, device=dev),
-                     torch.randn(32768, 8, 128, dtype=torch.bfloat16, device=dev))
-    qd = torch.randn(8, 32, 128, device=dev, dtype=torch.bfloat16)
-    prof = profile_step(lambda: sparse_decode(qd, cache, pages=select_pages(qd, cache, 205)))
-    print(prof, flush=True)
-    out["decode_step_keep0.10_32k"] = {"wall_ms": prof.wall_ms, "device_busy_ms": prof.device_busy_ms,
-                                       "buckets": prof.buckets,
-                                       "kernels": [list(k) for k in sorted(prof.kernels, key=lambda x: -x[2])[:20]]}
+    for name, (fn, what) in example_steps("cuda").items():
+        prof = profile_step(fn)
+        print(f"{name}: {what}\n{prof}", flush=True)
+        out[name] = {"what": what, **prof.as_dict()}
     return out
 
 

@@ -15,10 +15,12 @@ import torch
 from ..layout import BlockLayout
 from ..paged import PagedKVCache
 from .. import patterns as P
+from .cases import random_diag_layout
 from .counts import Shape, as_shape
 from .model import Cost, cost
 
-__all__ = ["FAMILIES", "Crossover", "crossover", "Report", "report", "envelope_of", "family_layout"]
+__all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "Report", "report",
+           "envelope_of", "envelope_layout", "family_layout", "family_pattern", "documents_of"]
 
 N_GRID = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384)
 KEEP_GRID = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
@@ -32,7 +34,13 @@ def family_layout(family: str, x, *, N: int = 8192, window: int = 1024, sinks: i
                   device="cpu"):
     """``(layout, envelope, kept)`` of a prefill family at grid value ``x`` (a length for window families, a
     kept fraction for the others): the layout, ``"causal"`` or ``"dense"``, and the fraction of the
-    envelope's cells the pattern keeps."""
+    envelope's cells the pattern keeps.
+
+    * ``"window"``: ``sliding_window(window)`` at length ``x``;
+    * ``"sinks_window"``: ``sinks_window(sinks, window)`` at length ``x``;
+    * ``"block_random"``: at length ``N``, whole tiles kept with probability ``x`` plus the diagonal
+      (:func:`.cases.random_diag_layout`, seed 0; every listed tile full); ``kept`` is what the draw kept;
+    * ``"documents"``: at length ``N``, ``round(1 / x)`` equal documents, causal inside each."""
     if family == "window":
         n = int(x)
         lay = BlockLayout.from_mask_mod(P.sliding_window(window), n, n, block, block, device=device)
@@ -42,16 +50,45 @@ def family_layout(family: str, x, *, N: int = 8192, window: int = 1024, sinks: i
         lay = BlockLayout.from_mask_mod(P.sinks_window(sinks, window), n, n, block, block, device=device)
         return lay, "causal", _sinks_window_cells(n, sinks, window) / _band_cells(n, n)
     if family == "block_random":
-        lay = BlockLayout.from_mask_mod(P.block_random(float(x), block, seed=0), N, N, block, block, device=device)
-        return lay, "dense", float(x)
+        lay = random_diag_layout(N, float(x), block, seed=0, device=device)
+        return lay, "dense", _listed_cells(lay) / float(N * N)
     if family == "documents":
-        n_docs = max(1, round(1 / float(x)))
+        n_docs = documents_of(x)
         doc_ids = torch.arange(N, device=device) * n_docs // N  # equal documents
         mm = P.and_masks(P.causal(), P.document(doc_ids))
         lay = BlockLayout.from_mask_mod(mm, N, N, block, block, device=device)
         lengths = torch.bincount(doc_ids.cpu()).double()
         return lay, "causal", float((lengths * (lengths + 1) / 2).sum()) / _band_cells(N, N)
     raise ValueError(f"family must be one of {sorted(FAMILIES)} (decode has no layout), got {family!r}")
+
+
+def documents_of(keep) -> int:
+    """Equal documents a ``"documents"`` family point at kept fraction ``keep`` has: ``round(1 / keep)``."""
+    return max(1, round(1 / float(keep)))
+
+
+def family_pattern(family: str, x=None, *, window: int = 1024, sinks: int = 64) -> str:
+    """The recorded pattern name of a family point: ``window2048``, ``sinks64+window1024``,
+    ``random0.2+diag``, ``documents5&causal``, ``keep0.10`` (decode)."""
+    if family == "window":
+        return f"window{window}"
+    if family == "sinks_window":
+        return f"sinks{sinks}+window{window}"
+    if family == "block_random":
+        return f"random{float(x):g}+diag"
+    if family == "documents":
+        return f"documents{documents_of(x)}&causal"
+    if family == "decode":
+        return f"keep{float(x):.2f}"
+    raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+
+
+def _listed_cells(layout: BlockLayout) -> float:
+    """Cells inside the listed tiles (clipped to the lengths): for a layout of full tiles, its allowed cells."""
+    rows = torch.clamp(layout.q_len - torch.arange(layout.nq) * layout.block_q, max=layout.block_q).double()
+    cols = torch.clamp(layout.kv_len - torch.arange(layout.nk) * layout.block_k, max=layout.block_k).double()
+    partial, full = (x.cpu() for x in layout.block_classes())
+    return float(((partial | full).double() * rows.view(-1, 1) * cols.view(1, -1)).sum())
 
 
 def _band_cells(n: int, w: int) -> float:
@@ -82,7 +119,10 @@ def envelope_of(layout: BlockLayout) -> str:
     return "causal"
 
 
-def _envelope_layout(kind: str, q_len: int, kv_len: int) -> BlockLayout:
+def envelope_layout(kind: str, q_len: int, kv_len: int) -> BlockLayout:
+    """The layout of an envelope (``"causal"`` or ``"dense"``, 128 tiles, CPU): what cuDNN is priced on."""
+    if kind not in ("causal", "dense"):
+        raise ValueError(f"envelope must be 'causal' or 'dense', got {kind!r}")
     mm = P.causal() if kind == "causal" else P.full()
     return BlockLayout.from_mask_mod(mm, q_len, kv_len, 128, 128, device="cpu")
 
@@ -122,8 +162,19 @@ class Crossover:
         return head + "\n" + "\n".join(rows)
 
 
-def _cross(grid: Sequence[float], ours: Sequence[float], dense: Sequence[float], variable: str):
-    """Interpolated crossover of ``ours < dense`` along the grid."""
+def crossing(grid: Sequence[float], ours: Sequence[float], dense: Sequence[float], variable: str):
+    """Where ``ours`` drops below ``dense`` for good along an ascending ``grid``: ``(value, state)``.
+
+    ``variable="N"``: the length above which ours stays faster, interpolated on the log of the time ratio
+    against log N between the last grid point where ours loses and the next one. ``"keep"``: the kept
+    fraction below which ours stays faster (between the sparsest point where ours loses and the point
+    before it). ``state``: ``"crosses"``, ``"always"`` (ours faster at every grid point) or ``"never"``
+    (no such value inside the grid: ours loses at the longest length, or at the sparsest fraction)."""
+    if len(grid) != len(ours) or len(grid) != len(dense) or not grid:
+        raise ValueError(f"grid, ours and dense must have one value per grid point, got {len(grid)}, {len(ours)}, "
+                         f"{len(dense)}")
+    if variable not in ("N", "keep"):
+        raise ValueError(f"variable must be 'N' or 'keep', got {variable!r}")
     r = [math.log(o / d) for o, d in zip(ours, dense)]  # < 0: ours faster
     wins = [x < 0 for x in r]
     if all(wins):
@@ -174,7 +225,7 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
         ours = [cost(None, s, "decode", keep=k, graph=graph, device=device) for k in grid]
         o = [c.predicted_ms for c in ours]
         d = [dense.predicted_ms] * len(grid)
-        value, state = _cross(grid, o, d, variable)
+        value, state = crossing(grid, o, d, variable)
         return Crossover(family, "decode", variable, "dense", grid, grid, o, d, [None] * len(grid), value, state,
                          bounds=[c.bound for c in ours])
     if pass_ not in ("fwd", "bwd"):
@@ -188,14 +239,14 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
         o.append(ours.predicted_ms)
         bounds.append(ours.bound)
         f.append(cost(lay, s, pass_, impl="flex", device=device).predicted_ms)
-        d.append(cost(_envelope_layout(env, lay.q_len, lay.kv_len), s, pass_, impl="cudnn",
+        d.append(cost(envelope_layout(env, lay.q_len, lay.kv_len), s, pass_, impl="cudnn",
                       device=device).predicted_ms)
         kept.append(k)
     if variable == "keep":  # interpolate on the fraction the layouts really keep (documents round to 1/n)
         first = sorted({k: i for i, k in reversed(list(enumerate(kept)))}.values())
         grid, kept, o, d, f, bounds = ([xs[i] for i in first] for xs in (kept, kept, o, d, f, bounds))
-    value, state = _cross(grid, o, d, variable)
-    fvalue, fstate = _cross(grid, f, d, variable)
+    value, state = crossing(grid, o, d, variable)
+    fvalue, fstate = crossing(grid, f, d, variable)
     return Crossover(family, pass_, variable, env, grid, kept, o, d, f, value, state, fvalue, fstate, bounds)
 
 
@@ -274,7 +325,7 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
     env = envelope_of(layout)
     ours = cost(layout, s, pass_, routing=routing, rebuild_layout=rebuild_layout, device=device)
     flex = cost(layout, s, pass_, impl="flex", device=device)
-    dense = cost(_envelope_layout(env, layout.q_len, layout.kv_len), s, pass_, impl="cudnn", device=device)
+    dense = cost(envelope_layout(env, layout.q_len, layout.kv_len), s, pass_, impl="cudnn", device=device)
     costs = {"sparseattn": ours, "flex": flex, "cudnn": dense}
     predicted = {k: c.predicted_ms for k, c in costs.items()}
     measured = {"sparseattn": None, "flex": None, "cudnn": None}
