@@ -528,3 +528,76 @@ def test_gpu_check_walks_on_cpu(tmp_path):
     ours = [r for r in doc["results"] if r["impl"] == "sparseattn"]
     assert all(r["ms"] == 1.0 and r["predicted_ms"] > 0 for r in ours)
     assert {r["case"]["pattern"] for r in doc["results"] if r["impl"] == "cudnn"} >= {"causal", "dense"}
+
+
+# ---- the crossover sweep as evaluation points -------------------------------------------------------------------
+def _crossover_rows():
+    """A few rows shaped like the crossover suite's (as it writes them), with made-up times."""
+    from sparseattn.roofline.crossover import family_layout
+    base = {"B": 1, "H": 16, "D": 128, "dtype": "bf16"}
+    rows = []
+    for fam, x, N, params in (("window", 2048, 2048, {"window": 2048}), ("block_random", 0.2, 4096, {}),
+                              ("documents", 0.25, 4096, {})):
+        lay = family_layout(fam, x, N=N, **params)[0]
+        case = {**base, "N": N, "family": fam, "pattern": f"{fam}-point", **params, "envelope": "causal",
+                "tiles": int(lay.kv_count.sum() + lay.full_count.sum())}
+        if fam != "window":
+            case["keep"] = x
+        rows.append({"case": case, "impl": "sparseattn", "pass": "fwd", "ms": 0.1, "predicted_ms": 0.1})
+    rows.append({"case": {**base, "N": 4096, "pattern": "causal", "envelope": "causal"}, "impl": "cudnn",
+                 "pass": "fwd", "ms": 0.15})  # the layout and shape of a calibration point: a repeat
+    rows.append({"case": {**base, "N": 2048, "pattern": "causal", "envelope": "causal"}, "impl": "cudnn",
+                 "pass": "fwd", "ms": 0.15})
+    dec = {"family": "decode", "N": 16384, "B": 16, "Hq": 32, "Hkv": 8, "D": 128, "dtype": "bf16", "page_size": 16}
+    rows.append({"case": {**dec, "pattern": "keep0.10", "keep": 0.1}, "impl": "sparseattn",
+                 "pass": "decode (CUDA graph)", "ms": 0.05, "bytes": 16 * round(0.1 * 1024) * 16 * 8 * 128 * 4})
+    rows.append({"case": {**dec, "pattern": "route_top3", "family": "routing"}, "impl": "sparseattn", "pass": "fwd",
+                 "ms": 0.1})  # a routed layout: not rebuilt, not evaluated
+    return rows
+
+
+def test_crossover_file_is_evaluated_never_fitted(tmp_path):
+    import shutil
+    for name in C.FILES:
+        shutil.copy(C.BENCH_DIR / name, tmp_path / name)
+    without = C.load_points(tmp_path)
+    (tmp_path / "crossover-h200.json").write_text(json.dumps({"suite": "crossover", "device": "NVIDIA H200",
+                                                              "date": "2026-12-01", "torch": "2.11", "triton": "3.6",
+                                                              "results": _crossover_rows()}))
+    points = C.load_points(tmp_path)
+    extra = [p for p in points if p.id.startswith("crossover")]
+    assert [p.role for p in points[:len(without)]] == [p.role for p in without]  # the fit's points unchanged
+    assert [p.role for p in extra] == ["evaluation"] * 3 + ["repeat", "evaluation", "evaluation"]
+    assert all(p.label().endswith("(crossover)") for p in extra)
+    rec = json.loads(C.record_path("h200").read_text())
+    rows = C.evaluate(extra, rec["model"], R.Ceilings.from_json(rec["ceilings"]))  # layouts rebuilt, tiles checked
+    acc = C.accuracy([dict(r) for r in rows])
+    assert acc["crossover sweep (all)"]["n"] == 5  # the repeat is left out
+    assert acc["classes"]["crossover sweep: ours"]["n"] == 4 and acc["classes"]["crossover sweep: Flex, cuDNN"]["n"] == 1
+    assert acc["classes"]["prefill (fwd + bwd, ours)"]["n"] == 0
+    bad = json.loads((tmp_path / "crossover-h200.json").read_text())
+    bad["results"][0]["case"]["tiles"] += 1
+    (tmp_path / "crossover-h200.json").write_text(json.dumps(bad))
+    with pytest.raises(AssertionError, match="tiles"):
+        C.evaluate([p for p in C.load_points(tmp_path) if p.id.startswith("crossover")][:1], rec["model"],
+                   R.Ceilings.from_json(rec["ceilings"]))
+
+
+def test_sync_docstring_rewrites_only_the_tables(tmp_path):
+    import sparseattn.roofline as pkg
+    acc = json.loads(C.record_path("h200").read_text())["calibration"]["accuracy"]
+    copy = tmp_path / "__init__.py"
+    copy.write_text(open(pkg.__file__).read())
+    assert not C.sync_docstring(acc, copy)  # the packaged docstring quotes the packaged record
+    changed = json.loads(json.dumps(acc))
+    changed["outside_25pct"] = changed["outside_25pct"][:2] + [dict(changed["outside_25pct"][0], label=f"p{i}")
+                                                               for i in range(40)]
+    changed["classes"]["decode (cuDNN)"]["median"] = 1.5
+    assert C.sync_docstring(changed, copy)
+    text = copy.read_text()
+    assert textwrap.indent(C.summary_table(changed), "    ") in text and "1.50" in text
+    assert "... and 17 more (python -m sparseattn.roofline accuracy)" in text
+    before, after = open(pkg.__file__).read(), text
+    head = before.index("Predicted / measured on the evaluation points::")
+    assert before[:head] == after[:head]  # nothing before the tables moved
+    assert before[before.index("Why those fail:"):] == after[after.index("Why those fail:"):]

@@ -49,11 +49,16 @@ bf16) and evaluated on points disjoint from the fit:
   causal);
 * decode: fitted on batch 8 and 32 (decode_keep, CUDA graph and eager), evaluated on batch 1 and on the
   decode suite (page sizes 16, 64, 128); cuDNN decode likewise;
-* layout build and transpose: fitted at N = 32k, evaluated at 131k.
+* layout build and transpose: fitted at N = 32k, evaluated at 131k;
+* the crossover sweep (``book/data/bench/crossover-h200.json``, :mod:`sparseattn.bench.crossover`; when
+  recorded) is evaluated only: a 2048-token window, 64 sinks + a 1024-token window, block-random + diagonal
+  and equal documents at N = 1k to 16k, decode at B = 4 and 16. A sweep point that re-measures the layout and
+  shape of a calibration point (the cuDNN forward at 4k and 16k) is a ``"repeat"`` and left out.
 
 Parameters a model's calibration points cannot separate are tied to another model's (listed under
-``tied`` in the record; e.g. the backward's partial-tile overhead is the forward's). Predicted / measured on
-the evaluation points::
+``tied`` in the record; e.g. the backward's partial-tile overhead is the forward's).
+
+Predicted / measured on the evaluation points::
 
     evaluation points                      n  median    p10    p90 in +-25%
     prefill (fwd + bwd, ours)             15    0.97   0.75   1.05      87%
