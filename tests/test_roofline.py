@@ -601,3 +601,29 @@ def test_sync_docstring_rewrites_only_the_tables(tmp_path):
     head = before.index("Predicted / measured on the evaluation points::")
     assert before[:head] == after[:head]  # nothing before the tables moved
     assert before[before.index("Why those fail:"):] == after[after.index("Why those fail:"):]
+
+
+def test_report_is_the_one_call_answer():
+    r = R.report("sinks64+window1024", N=16384)
+    assert r.envelope == "causal" and r.source == "predicted"
+    assert r.speedup == pytest.approx(r.predicted["cudnn"] / r.predicted["sparseattn"]) and r.faster == (r.speedup > 1)
+    assert f"{r.speedup:.2f}x over causal cuDNN" in r.verdict
+    assert f"FlexAttention {r.predicted['cudnn'] / r.predicted['flex']:.2f}x" in r.verdict
+    same = R.report(C.RECORDED_PATTERNS["sinks64+window1024"](16384))
+    assert same.predicted == r.predicted  # a name, the layout it names: the same answer
+    rows = {x["impl"]: x for x in r.rows()}
+    assert rows["sparseattn"]["compute_ms"] == r.costs["sparseattn"].t_compute_ms
+    assert "<table>" in r._repr_html_() and json.dumps(r.as_dict())
+    slow = R.report(P.causal(), N=1024, pass_="bwd", rebuild_layout=True, routing=0.5)
+    assert slow.predicted["sparseattn"] == pytest.approx(
+        R.cost(C.RECORDED_PATTERNS["causal"](1024), {"B": 1, "Hq": 16, "D": 128}, "bwd",
+               routing=0.5, rebuild_layout=True).predicted_ms)
+    assert not slow.faster and slow.verdict.startswith("dense is faster here")
+    for bad, match in ((dict(pattern_or_layout="window 1024", N=1024), "pattern name"),
+                       (dict(pattern_or_layout="causal"), "needs N"),
+                       (dict(pattern_or_layout=P.causal(), N=0), "N"),
+                       (dict(pattern_or_layout=P.causal(), N=1024, pass_="backward"), "pass_")):
+        with pytest.raises(ValueError, match=match):
+            R.report(**bad)
+    with pytest.raises(TypeError, match="pattern_or_layout"):
+        R.report(3.0, N=1024)

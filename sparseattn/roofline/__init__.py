@@ -17,10 +17,20 @@ The source material's equation, priced per kernel launch::
   (``"window"``, ``"sinks_window"``) or kept fraction (``"block_random"``, ``"documents"``, ``"decode"``)
   where our predicted time drops below cuDNN's on the pattern's envelope (causal or dense).
 * :func:`report` ``(pattern_or_layout, shape=None, *, N=None, pass_="fwd", measure=False, ...)`` ->
-  :class:`Report`: "will sparse be faster here?" -- predicted (and on a GPU measured) times of ours,
-  FlexAttention and cuDNN, the verdict and our dominant term.
+  :class:`Report`: "will sparse be faster here?" -- for a mask_mod, a recorded pattern name, a layout or (decode)
+  a cache: predicted (and on a GPU measured) times of ours, FlexAttention and cuDNN, the verdict with our
+  speedup over cuDNN, and our dominant term. The entry point for users::
+
+      >>> import sparseattn.roofline as R
+      >>> print(R.report("sinks64+window1024", N=16384, pass_="bwd").verdict)   # doctest: +SKIP
+
 * :func:`profile_step` ``(fn, *args, **kwargs)`` -> :class:`StepProfile`: one step under ``torch.profiler``,
-  split into route / index / kernel / launch.
+  split into route / index / kernel / launch (:func:`.profile.example_steps`: the two steps the book profiles).
+
+Around them: :mod:`.cases` (the named layouts of the recorded benchmarks, shared with
+:mod:`sparseattn.bench`), :mod:`.timing` (GPU timers, CUDA-graph capture, compiled FlexAttention, SDPA
+backends; re-exported by the bench), :mod:`.measure` (the small timings of ``report(measure=True)``) and the
+``python -m sparseattn.roofline`` commands.
 
 How the terms are computed:
 

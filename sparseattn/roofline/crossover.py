@@ -6,18 +6,20 @@ with our calibrated efficiencies, cuDNN with its own (fitted on its recorded row
 """
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from .._checks import check_int
 from ..layout import BlockLayout
 from ..paged import PagedKVCache
 from .. import patterns as P
 from .cases import random_diag_layout
 from .counts import Shape, as_shape
-from .model import Cost, cost
+from .model import IMPLS, Cost, cost
 
 __all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "Report", "report",
            "envelope_of", "envelope_layout", "family_layout", "family_pattern", "documents_of"]
@@ -254,7 +256,10 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
 @dataclass
 class Report:
     """Will sparse be faster here? Predicted (and, with ``measure=True`` on a GPU, measured) times of ours,
-    FlexAttention and cuDNN on the envelope; the verdict and our dominant term."""
+    FlexAttention and cuDNN on the envelope; the verdict, our speedup over cuDNN (measured when measured,
+    else predicted), the dominant term of our cost and every term of the three :class:`~.model.Cost`\ s.
+
+    ``str(report)`` is a small text table; in a notebook the report shows as an HTML table."""
 
     what: str
     pass_: str
@@ -264,17 +269,48 @@ class Report:
     costs: Dict[str, Cost]
     verdict: str
     dominant: str
+    speedup: float = float("nan")  #: cuDNN time / our time (> 1: sparse faster)
+    source: str = "predicted"  #: where ``speedup`` comes from: ``"predicted"`` or ``"measured"``
+
+    @property
+    def faster(self) -> bool:
+        """Whether our kernel beats cuDNN on the envelope here."""
+        return self.speedup > 1
+
+    def rows(self) -> List[dict]:
+        """One dict per implementation: predicted and measured ms, the bound and the terms (ms)."""
+        out = []
+        for impl in IMPLS:
+            c = self.costs.get(impl)
+            out.append({"impl": impl, "predicted_ms": self.predicted.get(impl), "measured_ms": self.measured.get(impl),
+                        "bound": c.bound if c else None, **({f"{k}_ms": v for k, v in c.terms.items()} if c else {})})
+        return out
+
+    def as_dict(self) -> dict:
+        return {"what": self.what, "pass": self.pass_, "envelope": self.envelope, "verdict": self.verdict,
+                "dominant": self.dominant, "speedup": self.speedup, "source": self.source, "rows": self.rows()}
 
     def __str__(self) -> str:
         lines = [f"{self.what} ({self.pass_}); envelope: {self.envelope} cuDNN",
                  f"{'impl':12s} {'predicted ms':>13s} {'measured ms':>12s}  bound"]
-        for impl in ("sparseattn", "flex", "cudnn"):
-            p, m = self.predicted.get(impl), self.measured.get(impl)
-            c = self.costs.get(impl)
-            lines.append(f"{impl:12s} {'-' if p is None else format(p, '13.4g'):>13s} "
-                         f"{'-' if m is None else format(m, '12.4g'):>12s}  {c.bound if c else '-'}")
+        for r in self.rows():
+            p, m = r["predicted_ms"], r["measured_ms"]
+            lines.append(f"{r['impl']:12s} {'-' if p is None else format(p, '13.4g'):>13s} "
+                         f"{'-' if m is None else format(m, '12.4g'):>12s}  {r['bound'] or '-'}")
         lines.append(f"verdict: {self.verdict}; our dominant term: {self.dominant}")
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        def cell(x):
+            return "-" if x is None else (f"{x:.4g}" if isinstance(x, float) else html.escape(str(x)))
+        head = "".join(f"<th>{h}</th>" for h in ("impl", "predicted ms", "measured ms", "bound", "compute ms",
+                                                  "memory ms", "launch ms"))
+        body = "".join("<tr>" + "".join(f"<td>{cell(r.get(k))}</td>" for k in (
+            "impl", "predicted_ms", "measured_ms", "bound", "compute_ms", "memory_ms", "launch_ms")) + "</tr>"
+            for r in self.rows())
+        return (f"<p><b>{html.escape(self.what)}</b> ({self.pass_}); envelope: {self.envelope} cuDNN</p>"
+                f"<table><tr>{head}</tr>{body}</table><p>verdict: {html.escape(self.verdict)}; our dominant term: "
+                f"{html.escape(self.dominant)}</p>")
 
 
 def _dominant(c: Cost) -> str:
@@ -284,13 +320,34 @@ def _dominant(c: Cost) -> str:
     return f"{name} {terms[name]:.3g} ms of {c.predicted_ms:.3g}"
 
 
+def _named_layout(name: str, N: Optional[int]) -> BlockLayout:
+    from .cases import PREFILL_PATTERNS, prefill_layout
+    if name not in ["dense"] + PREFILL_PATTERNS:
+        raise ValueError(f"a pattern name must be one of {['dense'] + PREFILL_PATTERNS} (or pass a mask_mod or a "
+                         f"BlockLayout), got {name!r}")
+    if N is None:
+        raise ValueError("a pattern needs N (the sequence length)")
+    check_int("N", N)
+    return prefill_layout(name, N, 128, device="cpu")
+
+
 def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str = "fwd", keep: Optional[float] = None,
            pages=None, routing=None, rebuild_layout: bool = False, measure: bool = False, device=None) -> Report:
-    """Predicted times of ours, FlexAttention and cuDNN (on the envelope) for one pattern and shape.
+    """Will sparse be faster here? Predicted times of ours, FlexAttention and cuDNN (on the pattern's envelope)
+    for one pattern and shape, the verdict and our dominant term; with ``measure=True`` (CUDA) also the
+    measured times, which then decide the verdict.
 
-    ``pattern_or_layout``: a mask_mod (with ``N``, the sequence length), a :class:`BlockLayout`, or, for
-    ``pass_="decode"``, a :class:`PagedKVCache` or None (with ``keep`` or ``pages``). ``measure=True`` also
-    times the three on the GPU (random inputs; needs CUDA)."""
+    ``pattern_or_layout``: a mask_mod (with ``N``, the sequence length, 128 x 128 tiles), a recorded pattern
+    name (``"causal"``, ``"window1024"``, ``"sinks64+window1024"``, ``"random10%+diag"``, with ``N``), a
+    :class:`BlockLayout`, or, for ``pass_="decode"``, a :class:`PagedKVCache` or None (with ``keep`` or
+    ``pages``). ``shape``: a :class:`~.counts.Shape` or dict (default: B=1, 16 heads, D=128, bf16 for
+    prefill; B=8, 32/8 heads, 128k tokens for decode). ``routing``: the routing step's time in ms (added to
+    ours); ``rebuild_layout=True`` adds building the layout every call.
+
+    Raises ValueError/TypeError naming the argument: an unknown pass, a pattern without ``N``, ``measure``
+    without CUDA."""
+    if pass_ not in ("fwd", "bwd", "decode"):
+        raise ValueError(f"pass_ must be 'fwd', 'bwd' or 'decode', got {pass_!r}")
     if measure and not torch.cuda.is_available():
         raise ValueError("measure=True needs a CUDA GPU; with measure=False the report is predicted only")
     if pass_ == "decode":
@@ -313,14 +370,18 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
         mask = getattr(layout.mask_mod, "__name__", None) or ("tile bits" if layout.tile_bits is not None
                                                               else "block mask")
         name = f"layout ({mask}) Lq={layout.q_len} Lk={layout.kv_len}"
+    elif isinstance(pattern_or_layout, str):
+        layout = _named_layout(pattern_or_layout, N)
+        name = f"{pattern_or_layout} N={N}"
     elif callable(pattern_or_layout):
         if N is None:
             raise ValueError("a pattern needs N (the sequence length)")
+        check_int("N", N)
         layout = BlockLayout.from_mask_mod(pattern_or_layout, N, N, 128, 128, device="cpu")
         name = f"{getattr(pattern_or_layout, '__name__', 'pattern')} N={N}"
     else:
-        raise TypeError(f"pattern_or_layout must be a mask_mod, a BlockLayout or (decode) a PagedKVCache, got "
-                        f"{type(pattern_or_layout).__name__}")
+        raise TypeError(f"pattern_or_layout must be a mask_mod, a pattern name, a BlockLayout or (decode) a "
+                        f"PagedKVCache, got {type(pattern_or_layout).__name__}")
     s = as_shape(shape) if shape is not None else PREFILL_SHAPE
     env = envelope_of(layout)
     ours = cost(layout, s, pass_, routing=routing, rebuild_layout=rebuild_layout, device=device)
@@ -337,8 +398,11 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
 
 def _finish(what, pass_, env, predicted, measured, costs) -> Report:
     use = measured if measured.get("sparseattn") is not None and measured.get("cudnn") is not None else predicted
-    ratio = use["cudnn"] / use["sparseattn"]
     src = "measured" if use is measured else "predicted"
-    verdict = (f"sparse is faster here ({src} {ratio:.2f}x over {env} cuDNN)" if ratio > 1 else
-               f"dense is faster here ({env} cuDNN {src} {1 / ratio:.2f}x faster)")
-    return Report(what, pass_, env, predicted, measured, costs, verdict, _dominant(costs["sparseattn"]))
+    ratio = use["cudnn"] / use["sparseattn"]
+    verdict = (f"sparse is faster here ({src} {ratio:.2f}x over {env} cuDNN" if ratio > 1 else
+               f"dense is faster here ({env} cuDNN {src} {1 / ratio:.2f}x faster")
+    if use.get("flex") is not None:
+        verdict += f"; FlexAttention {use['cudnn'] / use['flex']:.2f}x"
+    verdict += ")"
+    return Report(what, pass_, env, predicted, measured, costs, verdict, _dominant(costs["sparseattn"]), ratio, src)
