@@ -627,3 +627,11 @@ def test_report_is_the_one_call_answer():
             R.report(**bad)
     with pytest.raises(TypeError, match="pattern_or_layout"):
         R.report(3.0, N=1024)
+
+
+def test_recorded_envelopes_follow_the_layouts():
+    from sparseattn.roofline.cases import ENVELOPES, dense_pattern_of
+    for pattern in ENVELOPES:
+        assert dense_pattern_of(pattern) == envelope_of(C.RECORDED_PATTERNS[pattern](1024)), pattern
+    with pytest.raises(ValueError, match="pattern"):
+        dense_pattern_of("window2048")

@@ -19,7 +19,7 @@ from .. import patterns as P
 from ..layout import BlockLayout
 from ..paged import PagedKVCache
 
-__all__ = ["PREFILL_PATTERNS", "prefill_mask_mod", "prefill_layout", "random_diag_layout", "dense_pattern_of",
+__all__ = ["PREFILL_PATTERNS", "prefill_mask_mod", "prefill_layout", "random_diag_layout", "dense_pattern_of", "ENVELOPES",
            "LAYOUT_PATTERNS", "layout_mask_mod", "decode_setup"]
 
 # ---------------------------------------------------------------------------------------------------------
@@ -65,10 +65,19 @@ def prefill_layout(pattern: str, N: int, block: int = 128, device="cuda") -> Blo
     return BlockLayout.from_mask_mod(prefill_mask_mod(pattern), N, N, block, block, device=device)
 
 
+#: The envelope of each recorded prefill pattern: the cheapest dense problem covering it
+#: (:func:`sparseattn.roofline.crossover.envelope_of` of its layout; a test checks the two agree).
+ENVELOPES = {"dense": "dense", "causal": "causal", "window1024": "causal", "sinks64+window1024": "causal",
+             "random10%+diag": "dense"}
+
+
 def dense_pattern_of(pattern: str) -> str:
-    """The dense baseline doing the same work as a pattern's envelope: ``"causal"`` for causal, else
-    ``"dense"`` (the case pattern of the cuDNN/FA2 rows)."""
-    return "causal" if pattern == "causal" else "dense"
+    """The dense baseline doing the same work as a pattern's envelope: ``"causal"`` for the patterns inside the
+    causal triangle (causal, windows, sinks + window), else ``"dense"`` (the case pattern of the cuDNN/FA2
+    rows)."""
+    if pattern not in ENVELOPES:
+        raise ValueError(f"pattern must be one of {sorted(ENVELOPES)}, got {pattern!r}")
+    return ENVELOPES[pattern]
 
 
 # ---------------------------------------------------------------------------------------------------------
