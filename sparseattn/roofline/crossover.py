@@ -257,7 +257,7 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
 class Report:
     """Will sparse be faster here? Predicted (and, with ``measure=True`` on a GPU, measured) times of ours,
     FlexAttention and cuDNN on the envelope; the verdict, our speedup over cuDNN (measured when measured,
-    else predicted), the dominant term of our cost and every term of the three :class:`~.model.Cost`\ s.
+    else predicted), the dominant term of our cost, and the three costs (:class:`~.model.Cost`) with every term.
 
     ``str(report)`` is a small text table; in a notebook the report shows as an HTML table."""
 
