@@ -297,7 +297,8 @@ class Report:
             p, m = r["predicted_ms"], r["measured_ms"]
             lines.append(f"{r['impl']:12s} {'-' if p is None else format(p, '13.4g'):>13s} "
                          f"{'-' if m is None else format(m, '12.4g'):>12s}  {r['bound'] or '-'}")
-        lines.append(f"verdict: {self.verdict}; our dominant term: {self.dominant}")
+        lines.append(f"verdict: {self.verdict}")
+        lines.append(f"our dominant term: {self.dominant}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -115,7 +115,7 @@ def four_ways_figure(prefill: BenchFile, crossover: Optional[BenchFile], pattern
     fig.update_layout(title=f"{pattern}: forward, bf16, B=1, H=16, D=128<br><sup>measured: {_sources(prefill, crossover)}"
                             f"</sup>", xaxis_title="sequence length N (tokens)", yaxis_title="ms per call (median)",
                       xaxis_type="log", yaxis_type="log", height=460, title_font_size=12,
-                      legend=dict(orientation="h", y=-0.22))
+                      legend=dict(font=dict(size=10)))
     fig.update_xaxes(range=[math.log10(min(xs)) - 0.05, math.log10(max(xs)) + 0.05])
     fig.update_yaxes(range=[math.log10(min(ys)) - 0.1, math.log10(max(ys)) + 0.1])
     return fig
@@ -210,36 +210,37 @@ def _envelope(env: str, layout: BlockLayout) -> BlockLayout:
 
 
 def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title: str = "") -> go.Figure:
-    """Left: the envelope's tile FLOPs, split into removed and remaining (useful + padding). Right: time,
-    cuDNN on the envelope against ours split into its terms (model), with measured times as diamonds."""
+    """Top: the envelope's tile FLOPs, split into removed and remaining (allowed cells + masked cells of kept
+    tiles). Bottom: time, cuDNN on the envelope against ours split into its terms (cost model), with the
+    measured times as black diamonds."""
     f = {k: v / 1e12 for k, v in ledger["flops"].items()}
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.16,
-                        subplot_titles=("work: tile matmul TFLOP (exact counts)", "time: ms (cost model, H200)"))
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22,
+                        subplot_titles=("work: tile matmul TFLOP of one forward (exact counts)",
+                                        "time: ms per forward call (cost model, H200; diamonds: measured)"))
     env_name = f"envelope ({ledger['envelope']})"
     for name, value, color in (("removed: tiles never scheduled", f["removed"], "#c7e9c0"),
                                ("remaining: allowed cells", f["useful"], COLORS[Impl.OURS]),
                                ("remaining: masked cells of kept tiles", f["padding"], "#fcbba1")):
         fig.add_trace(go.Bar(y=[env_name], x=[value], name=name, orientation="h", marker_color=color,
                              legendgroup="work", hovertemplate=f"{name}: %{{x:.3g}} TFLOP<extra></extra>"), 1, 1)
-    fig.add_trace(go.Bar(y=["cuDNN on the envelope"], x=[ledger["cudnn"].predicted_ms], orientation="h",
-                         name="cuDNN (model)", marker_color=COLORS[Impl.CUDNN], legendgroup="time"), 1, 2)
+    fig.add_trace(go.Bar(y=["cuDNN"], x=[ledger["cudnn"].predicted_ms], orientation="h",
+                         name="cuDNN on the envelope", marker_color=COLORS[Impl.CUDNN], legendgroup="time"), 2, 1)
     shades = ["#d62728", "#e15759", "#ff9896", "#f7b6b2", "#fdd0a2", "#9c9ede", "#6b6ecf"]
     for (name, ms), color in zip(ledger["time_ms"].items(), shades):
-        fig.add_trace(go.Bar(y=["ours"], x=[ms], orientation="h", name=name, marker_color=color, legendgroup="time",
-                             hovertemplate=f"{name}: %{{x:.3g}} ms<extra></extra>"), 1, 2)
+        fig.add_trace(go.Bar(y=["ours"], x=[ms], orientation="h", name=f"ours: {name}", marker_color=color,
+                             legendgroup="time", hovertemplate=f"{name}: %{{x:.3g}} ms<extra></extra>"), 2, 1)
     if measured:
-        for who, y in (("sparseattn", "ours"), ("cudnn", "cuDNN on the envelope")):
-            if measured.get(who):
-                fig.add_trace(go.Scatter(y=[y], x=[measured[who]], mode="markers", name=f"{y}: measured",
-                                         marker=dict(symbol="diamond", size=13, color="black"), legendgroup="time"),
-                              1, 2)
+        ys = [(y, measured.get(who)) for who, y in (("sparseattn", "ours"), ("cudnn", "cuDNN")) if measured.get(who)]
+        if ys:
+            fig.add_trace(go.Scatter(y=[y for y, _ in ys], x=[x for _, x in ys], mode="markers", name="measured",
+                                     marker=dict(symbol="diamond", size=13, color="black"), legendgroup="time"), 2, 1)
     lay, s = ledger["layout"], ledger["shape"]
-    fig.update_layout(barmode="stack", height=430, title_font_size=12, legend=dict(orientation="h", y=-0.2),
+    fig.update_layout(barmode="stack", height=520, title_font_size=12, legend=dict(font=dict(size=10)),
                       title=title or (f"N={lay.q_len}, B={s.B}, H={s.Hq}, D={s.D}: {ledger['tiles']['listed']} of "
-                                      f"{ledger['tiles']['envelope']} envelope tiles kept, index "
-                                      f"{ledger['index_bytes'] / 1e6:.2f} MB"))
+                                      f"{ledger['tiles']['envelope']} envelope tiles kept; tables "
+                                      f"{ledger['index_bytes'] / 1e3:.1f} kB"), margin=dict(l=130))
     fig.update_xaxes(title_text="TFLOP", row=1, col=1)
-    fig.update_xaxes(title_text="ms per forward call", row=1, col=2)
+    fig.update_xaxes(title_text="ms", row=2, col=1)
     return fig
 
 

@@ -98,9 +98,9 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
     ys = [p["tflops"] for p in points] + [min(P, lo * W)]
     fig.update_layout(xaxis_type="log", yaxis_type="log", height=520, title_font_size=12,
                       xaxis_title="arithmetic intensity (FLOP per HBM byte)", yaxis_title="TFLOP/s (predicted)",
-                      title=f"Roofline of the {c.device}, {dtype}: prefill tiles reuse K/V, decode reads each byte "
-                            f"once<br><sup>filled: compulsory bytes (each byte once); open: bytes the programs "
-                            f"request (no reuse across programs); rates from the cost model</sup>",
+                      title=f"Roofline of the {c.device}, {dtype}<br><sup>filled: compulsory bytes (each byte "
+                            f"once); open: bytes the programs request (no reuse across programs); rates from the "
+                            f"cost model</sup>",
                       legend=dict(font=dict(size=10)))
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(min(ys) / 1.5), math.log10(P * 1.5)])
@@ -201,7 +201,7 @@ def crossover_figure(doc: BenchFile, family: str, pass_: str, N: Optional[int] =
             else "kept fraction of the cache's bytes"}[e["variable"]]
     where = "" if e["N"] is None else (f", B={e['B']}, L={e['N']}" if e["B"] else f", N={e['N']}")
     fig.update_layout(xaxis_type="log", yaxis_type="log", height=430, title_font_size=12, xaxis_title=what,
-                      yaxis_title=f"speedup over {e['envelope']} cuDNN", legend=dict(orientation="h", y=-0.25),
+                      yaxis_title=f"speedup over {e['envelope']} cuDNN", legend=dict(font=dict(size=10)),
                       title=f"{e['pattern']} {pass_}{where}: crossover ours {_fmt(e['ours'])}, FlexAttention "
                             f"{_fmt(e['flex'])}, predicted {_fmt(e['ours_predicted'])}<br><sup>{doc.caption()}</sup>")
     fig.update_xaxes(range=[math.log10(min(x)) - 0.05, math.log10(max(x)) + 0.05])
@@ -224,7 +224,8 @@ def crossover_table_figure(doc: BenchFile) -> go.Figure:
             ["all N" if e["N"] is None else (f"B={e['B']}, L={e['N']}" if e["B"] else f"N={e['N']}") for e in es],
             [e["variable"] for e in es], [_fmt(e["ours"]) for e in es], [_fmt(e["flex"]) for e in es],
             [_fmt(e["ours_predicted"]) for e in es]]
-    fig = go.Figure(go.Table(header=dict(values=["family", "pass", "at", "varies", "ours (measured)",
+    fig = go.Figure(go.Table(columnwidth=[30, 10, 18, 10, 14, 16, 14],
+                             header=dict(values=["family", "pass", "at", "varies", "ours (measured)",
                                                  "FlexAttention (measured)", "ours (predicted)"]),
                              cells=dict(values=cols)))
     fig.update_layout(title=f"Crossover against cuDNN on the envelope<br><sup>{doc.caption()}</sup>",
