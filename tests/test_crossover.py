@@ -211,3 +211,32 @@ def test_measured_crossovers_on_a_synthetic_file():
     assert table[0]["ours"] == f"{w['ours'][0]:.0f}" and table[-1]["points"] == len(X.prediction_ratios(bf))
     ratios = sorted(x["ratio"] for x in X.prediction_ratios(bf))
     assert X.ratio_summary(ratios)["within_25pct"] == 1.0 and X.ratio_summary([])["n"] == 0
+
+
+def test_main_passes_the_crossover_options_and_writes_the_suite_meta(monkeypatch, tmp_path):
+    """main() on a 'GPU' with a stand-in suite: the crossover options reach run(), and what run() puts in
+    args.meta lands in the file's meta block."""
+    import types
+
+    from sparseattn.bench import __main__ as M
+    from sparseattn.bench import _common as BC
+    from sparseattn.ops import config
+    seen = {}
+
+    def run(args):
+        seen.update(part=args.part, families=args.families, keep_n=args.keep_n, budget=args.budget_s,
+                    merge=args.merge, n=args.n)
+        args.meta["profiles"] = {"step": {"wall_ms": 1.0}}
+        return [Record({"N": 1, "pattern": "causal"}, Impl.CUDNN, Pass.FWD, 1.0)], [{"family": "x"}], X.COLUMNS
+    fake = types.SimpleNamespace(NAME="crossover", DEFAULT_N=X.DEFAULT_N, CONFIG_KIND=None, run=run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(M, "suite_module", lambda name: fake)
+    monkeypatch.setattr(BC, "environment", lambda: dict(ENV))
+    monkeypatch.setattr(config, "gpu_family", lambda device, interpreter: "sm90")
+    assert M.main(["crossover", "--out", str(tmp_path), "--part", "bwd", "--families", "window", "--keep-n", "4096",
+                   "--budget-s", "300", "--merge", "old.json"]) == 0
+    assert seen == {"part": "bwd", "families": "window", "keep_n": "4096", "budget": 300.0, "merge": "old.json",
+                    "n": X.DEFAULT_N}
+    doc = json.loads((tmp_path / "crossover-h200.json").read_text())
+    assert doc["profiles"] == {"step": {"wall_ms": 1.0}} and len(doc["results"]) == 1
+    assert "crossover" in M.SUITES and M.parser().parse_args(["crossover"]).part == "all"

@@ -239,7 +239,13 @@ def _ours_rows(run: _Run, pass_: str, pt: dict) -> None:
     pt.update(case=case, layout=lay, envelope=env)
     _dense_row(run, pass_, N, env)
     q, k, v, do = run.qkv(N, pass_ == "bwd")
-    dev_lay = pt["device_layout"] = lay.to(run.dev)
+    # the kernels get the layout built on their device (a document mask then holds its ids there, for our
+    # kernel and for FlexAttention's compiled mask_mod alike); the model prices the CPU copy
+    dev_lay = pt["device_layout"] = lay if torch.device(run.dev).type == "cpu" else \
+        family_layout(pt["family"], pt["x"], N=N, device=run.dev, **pt["params"])[0]
+    tiles = int(dev_lay.kv_count.sum() + dev_lay.full_count.sum())
+    if tiles != case["tiles"]:
+        raise AssertionError(f"{case['pattern']} N={N}: {tiles} tiles on {run.dev}, {case['tiles']} on the CPU")
     ms = _timed(run, pass_, lambda: sparse_attention(q, k, v, dev_lay), q, k, v, do)
     flops = C.tile_flops(lay, args.heads, args.head_dim) * (1.0 if pass_ == "fwd" else 3.5)
     run.add(Record(case, Impl.OURS, pass_, ms, {**_pred(cost(lay, run.shape, pass_)), "part": pass_,
