@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--families", default=None,
                    help="comma-separated: window, sinks_window, block_random, documents, routing (default: all)")
     g.add_argument("--keep-n", default=None, help="comma-separated lengths of the kept-fraction families")
-    g.add_argument("--budget-s", type=float, default=540.0,
+    g.add_argument("--budget-s", type=float, default=500.0,
                    help="stop starting FlexAttention compiles and new points when this many seconds have passed "
                         "(default: %(default)s)")
     g.add_argument("--merge", default=None,
