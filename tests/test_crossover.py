@@ -79,6 +79,7 @@ def test_suite_on_cpu_every_series_with_predictions(tiny):
         ("window2048", "fwd"), ("sinks64+window1024", "fwd"), ("block_random", "fwd"), ("documents", "fwd"),
         ("window2048", "bwd"), ("sinks64+window1024", "bwd"), ("block_random", "bwd"), ("documents", "bwd"),
         ("decode", "decode")]
+    assert [X.part_of(r) for r in records][:3] == ["decode"] * 3  # decode runs first
     assert table[-1]["family"] == "all rows" and table[-1]["points"] == len(X.prediction_ratios(bf))
     assert all(set(t) <= set(cols) for t in table)
 
@@ -153,7 +154,7 @@ def test_routing_family_is_skipped_without_a_router(tiny, capsys):
 def test_bad_options():
     with pytest.raises(ValueError, match="--part"):
         X.parts_of("forward")
-    assert X.parts_of("all") == list(X.PARTS) and X.parts_of("bwd,decode") == ["bwd", "decode"]
+    assert X.parts_of("all") == ["decode", "fwd", "bwd"] and X.parts_of("bwd,decode") == ["decode", "bwd"]
     with pytest.raises(ValueError, match="--families"):
         X.run(_args("/nonexistent", families="window,windows"))
 

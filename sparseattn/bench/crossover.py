@@ -24,9 +24,12 @@ length families where its scores fit (``--naive-max-bytes``), as chapter 1 shows
 
 One run must fit in a 10-minute GPU slot: ``--part fwd,decode`` and ``--part bwd`` are separate runs,
 ``--merge FILE`` keeps the other parts' rows of an earlier file of the same device, and ``--budget-s``
-bounds the run. FlexAttention compiles once per length and pattern (``dynamic=False``; a kept fraction or
-a document count does not recompile), so each part first measures ours, cuDNN and naive on every point,
-then FlexAttention point by point while the time left covers another compile; a point it could not reach
+bounds the run (decode, which compiles nothing, runs first). FlexAttention compiles once per length and
+pattern (``dynamic=False``; counted with a counting ``torch.compile`` backend: a new length or a new
+constant in a mask_mod recompiles, a kept fraction of block-random tiles or a document count at the same
+length does not), so the grid needs 24 forward and 20 backward compiles. Each prefill part therefore first
+measures ours, cuDNN and naive on every point, then FlexAttention point by point (families in turn, each
+from the ends of its grid inwards) while the time left covers another compile; a point it could not reach
 is recorded with ``ms: null`` and the reason. The JSON is rewritten after every point (a crash keeps the
 finished rows). The table printed last is the interpolated crossover per family and pass (and length, for
 the kept-fraction families): measured for ours and for FlexAttention, and predicted for ours.
@@ -99,14 +102,20 @@ def part_of(r: Record) -> str:
     return r.get("part", "decode" if r.pass_ in DECODE_PASSES else r.pass_)
 
 
+#: the order parts run in: decode first (no compiles, a few seconds), so a forward or backward part whose
+#: FlexAttention compiles spend the budget cannot crowd it out
+RUN_ORDER = ("decode", "fwd", "bwd")
+
+
 def parts_of(spec: str) -> List[str]:
+    """The parts ``--part`` names (``"all"``: every part), in :data:`RUN_ORDER`."""
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if parts == ["all"]:
-        return list(PARTS)
+        parts = list(PARTS)
     bad = [p for p in parts if p not in PARTS]
     if bad or not parts:
         raise ValueError(f"--part must be 'all' or a comma-separated subset of {PARTS}, got {spec!r}")
-    return parts
+    return [p for p in RUN_ORDER if p in parts]
 
 
 def merged_rows(path: Optional[str], parts: List[str], device: str) -> tuple:
