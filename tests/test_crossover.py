@@ -105,6 +105,12 @@ def test_parts_merge_into_one_file(tiny):
                                     merge=str(first / "crossover-cpu.json")))
     bf = load_path(second / "crossover-cpu.json")
     assert {X.part_of(r) for r in bf.records} == {"fwd", "bwd"}
+    assert "profiles" not in bf.meta  # no decode part in either
+    third = tiny / "third"
+    X.run(_args(third, part="decode"))
+    X.run(_args(third / "merged", part="bwd", families="window", n="256", merge=str(third / "crossover-cpu.json")))
+    assert set(load_path(third / "merged" / "crossover-cpu.json").meta["profiles"]) == set(
+        load_path(third / "crossover-cpu.json").meta["profiles"])  # the decode part's profiles are kept
     assert len(bf.select(Impl.OURS, Pass.FWD)) == len(bf.select(Impl.OURS, Pass.BWD)) == 1
     assert set(bf.meta["parts"]) == {"fwd", "bwd"}
     # measuring a part again replaces that part's rows

@@ -119,16 +119,19 @@ def parts_of(spec: str) -> List[str]:
 
 
 def merged_rows(path: Optional[str], parts: List[str], device: str) -> tuple:
-    """``(records, parts_meta)`` of an earlier crossover file whose parts are not being measured now."""
+    """``(records, meta)`` of an earlier crossover file: its rows of the parts not being measured now, and the
+    meta they bring (``parts``: when each was measured; ``profiles``, recorded with the decode part)."""
     if not path:
-        return [], {}
+        return [], {"parts": {}}
     old = load_path(path)
     if old.suite != NAME:
         raise ValueError(f"--merge expects a {NAME!r} file, got suite {old.suite!r} ({path})")
     if old.meta["device"] != device:
         raise ValueError(f"--merge: {path} was measured on {old.meta['device']!r}, this run is on {device!r}")
     keep = [r for r in old.records if part_of(r) not in parts]
-    meta = {p: m for p, m in old.meta.get("parts", {}).items() if p not in parts}
+    meta = {"parts": {p: m for p, m in old.meta.get("parts", {}).items() if p not in parts}}
+    if "decode" not in parts and "profiles" in old.meta:
+        meta["profiles"] = old.meta["profiles"]
     return keep, meta
 
 
@@ -143,10 +146,10 @@ def _pred(c) -> dict:
 class _Run:
     """The state of one suite run: records (merged ones first), inputs per length, the output file."""
 
-    def __init__(self, args, env: dict, merged: List[Record], parts_meta: dict):
+    def __init__(self, args, env: dict, merged: List[Record], merged_meta: dict):
         self.args, self.env, self.dev = args, env, args.device
         self.records: List[Record] = list(merged)
-        self.meta = {"parts": parts_meta, "families": {
+        self.meta = {**merged_meta, "families": {
             **{f: dict(p, variable="N") for f, p in LENGTH_FAMILIES.items()},
             **{f: {"variable": "keep", "grid": list(g)} for f, g in KEEP_FAMILIES.items()},
             "decode": {"variable": "keep", "grid": list(DECODE_KEEPS), "shapes": [list(s) for s in DECODE_SHAPES]}}}
@@ -468,11 +471,11 @@ def run(args) -> tuple:
     if args.families and not set(args.families.split(",")) <= known:
         raise ValueError(f"--families must be a comma-separated subset of {sorted(known)}, got {args.families!r}")
     env = C.environment()
-    merged, parts_meta = merged_rows(args.merge, parts, env["device"])
-    r = _Run(args, env, merged, parts_meta)
+    merged, merged_meta = merged_rows(args.merge, parts, env["device"])
+    r = _Run(args, env, merged, merged_meta)
     for p in parts:
-        r.meta["parts"][p] = {k: env.get(k) for k in ("date", "torch", "triton", "device")}
-    r.meta["budget_s"] = args.budget_s
+        r.meta["parts"][p] = {**{k: env.get(k) for k in ("date", "torch", "triton", "device")},
+                              "budget_s": args.budget_s}
     n_points = sum(len(points(p, args)) * (1 if args.no_flex else 2) for p in parts if p != "decode")
     n_points += len(DECODE_SHAPES) * len(DECODE_KEEPS) if "decode" in parts else 0
     with C.progress(n_points, NAME) as bar:
@@ -483,7 +486,8 @@ def run(args) -> tuple:
                 prefill_part(r, p, bar)
                 r.inputs.clear()
                 C.empty_cache()
-    r.meta["elapsed_s"] = r.budget.clock() - r.budget.t0
+    for p in parts:
+        r.meta["parts"][p]["run_s"] = r.budget.clock() - r.budget.t0  # the whole run these parts were measured in
     r.save()
     if hasattr(args, "meta"):
         args.meta.update(r.meta)
