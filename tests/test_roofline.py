@@ -546,6 +546,10 @@ def _crossover_rows():
         rows.append({"case": case, "impl": "sparseattn", "pass": "fwd", "ms": 0.1, "predicted_ms": 0.1})
     rows.append({"case": {**base, "N": 4096, "pattern": "causal", "envelope": "causal"}, "impl": "cudnn",
                  "pass": "fwd", "ms": 0.15})  # the layout and shape of a calibration point: a repeat
+    lay = family_layout("documents", 1.0, N=4096)[0]  # one document: the causal layout under another name
+    rows.append({"case": {**base, "N": 4096, "family": "documents", "pattern": "documents1&causal", "keep": 1.0,
+                          "envelope": "causal", "tiles": int(lay.kv_count.sum() + lay.full_count.sum())},
+                 "impl": "sparseattn", "pass": "fwd", "ms": 0.25})
     rows.append({"case": {**base, "N": 2048, "pattern": "causal", "envelope": "causal"}, "impl": "cudnn",
                  "pass": "fwd", "ms": 0.15})
     dec = {"family": "decode", "N": 16384, "B": 16, "Hq": 32, "Hkv": 8, "D": 128, "dtype": "bf16", "page_size": 16}
@@ -567,7 +571,7 @@ def test_crossover_file_is_evaluated_never_fitted(tmp_path):
     points = C.load_points(tmp_path)
     extra = [p for p in points if p.id.startswith("crossover")]
     assert [p.role for p in points[:len(without)]] == [p.role for p in without]  # the fit's points unchanged
-    assert [p.role for p in extra] == ["evaluation"] * 3 + ["repeat", "evaluation", "evaluation"]
+    assert [p.role for p in extra] == ["evaluation"] * 3 + ["repeat", "repeat", "evaluation", "evaluation"]
     assert all(p.label().endswith("(crossover)") for p in extra)
     rec = json.loads(C.record_path("h200").read_text())
     rows = C.evaluate(extra, rec["model"], R.Ceilings.from_json(rec["ceilings"]))  # layouts rebuilt, tiles checked

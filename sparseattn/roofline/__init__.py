@@ -63,7 +63,8 @@ bf16) and evaluated on points disjoint from the fit:
 * the crossover sweep (``book/data/bench/crossover-h200.json``, :mod:`sparseattn.bench.crossover`; when
   recorded) is evaluated only: a 2048-token window, 64 sinks + a 1024-token window, block-random + diagonal
   and equal documents at N = 1k to 16k, decode at B = 4 and 16. A sweep point that re-measures the layout and
-  shape of a calibration point (the cuDNN forward at 4k and 16k) is a ``"repeat"`` and left out.
+  shape of a calibration point (the cuDNN forward at 4k and 16k; one document at 4k and 16k, which is the
+  causal layout) is a ``"repeat"`` and left out.
 
 Parameters a model's calibration points cannot separate are tied to another model's (listed under
 ``tied`` in the record; e.g. the backward's partial-tile overhead is the forward's).

@@ -144,11 +144,27 @@ def load_points(bench_dir=None) -> List[Point]:
     return points
 
 
-def _shape_key(p: Point) -> tuple:
-    """What makes two points the same measurement: model, layout (pattern name), length and shape."""
+def _canonical_pattern(p: Point) -> str:
+    """The recorded name of the layout a point ran: a crossover family point that is the causal or the dense
+    layout under another name (one document, a window as long as the sequence, every tile kept) says so."""
     c = p.case
-    return (p.group, p.graph, p.pattern, p.N, c.get("B"), c.get("H", c.get("Hq")), c.get("Hkv"), c.get("D"),
-            c.get("dtype"), c.get("page_size"), c.get("keep"))
+    fam = c.get("family")
+    if fam == "documents" and round(1 / float(c["keep"])) <= 1:
+        return "causal"
+    if fam in ("window", "sinks_window") and c.get("window", 0) >= p.N:
+        return "causal"
+    if fam == "block_random" and float(c["keep"]) >= 1.0:
+        return "dense"
+    return p.pattern
+
+
+def _shape_key(p: Point) -> tuple:
+    """What makes two points the same measurement: model, layout, length and shape."""
+    c = p.case
+    keep = None if c.get("family") in ("documents", "block_random") and _canonical_pattern(p) != p.pattern \
+        else c.get("keep")
+    return (p.group, p.graph, _canonical_pattern(p), p.N, c.get("B"), c.get("H", c.get("Hq")), c.get("Hkv"),
+            c.get("D"), c.get("dtype"), c.get("page_size"), keep)
 
 
 def role_of(p: Point) -> str:
