@@ -639,3 +639,11 @@ def test_recorded_envelopes_follow_the_layouts():
         assert dense_pattern_of(pattern) == envelope_of(C.RECORDED_PATTERNS[pattern](1024)), pattern
     with pytest.raises(ValueError, match="pattern"):
         dense_pattern_of("window2048")
+
+
+def test_load_points_from_documents_as_a_notebook_passes_them():
+    from sparseattn.bench.record import load
+    docs = {f: load(f.rsplit("-", 1)[0]).to_json() for f in C.FILES}
+    assert [(p.id, p.role) for p in C.load_points(docs=docs)] == [(p.id, p.role) for p in C.load_points()]
+    with pytest.raises(FileNotFoundError, match="prefill-h200.json"):
+        C.load_points(docs={k: v for k, v in docs.items() if k != "prefill-h200.json"})

@@ -590,14 +590,16 @@ def measured_crossovers(bf: BenchFile) -> List[dict]:
     return out
 
 
-def prediction_ratios(bf: BenchFile) -> List[dict]:
-    """Every measured row that carries a prediction, once: ``{"impl", "pass", "family", "pattern", "N", "B",
-    "measured_ms", "predicted_ms", "ratio"}`` with ratio = predicted / measured."""
+def prediction_ratios(bf: BenchFile, exclude=()) -> List[dict]:
+    """Every measured row that carries a prediction, once: ``{"index", "impl", "pass", "family", "pattern",
+    "N", "B", "measured_ms", "predicted_ms", "ratio"}`` with ratio = predicted / measured; ``exclude``: row
+    indices to leave out (the calibration's repeats of fitted points)."""
     out = []
-    for r in bf.records:
+    skip = set(exclude)
+    for i, r in enumerate(bf.records):
         ratio = _ratio(r)
-        if ratio is not None:
-            out.append({"impl": r.impl, "pass": r.pass_, "family": r.case.get("family", "envelope"),
+        if ratio is not None and i not in skip:
+            out.append({"index": i, "impl": r.impl, "pass": r.pass_, "family": r.case.get("family", "envelope"),
                         "pattern": r.case["pattern"], "N": r.case["N"], "B": r.case.get("B"), "measured_ms": r.ms,
                         "predicted_ms": r.get("predicted_ms"), "ratio": ratio})
     return out

@@ -117,15 +117,25 @@ def _point_of(fname: str, i: int, r: dict) -> Optional[Point]:
                  N=int(c["N"]), ms=float(r["ms"]), graph=r["pass"] == "decode (CUDA graph)", case=c, row=r)
 
 
-def load_points(bench_dir=None) -> List[Point]:
+def load_points(bench_dir=None, docs: Optional[Dict[str, dict]] = None) -> List[Point]:
     """Every row of the recorded files that the model prices, with its role: ``"calibration"`` or
     ``"evaluation"`` by :func:`role_of` for :data:`FILES`; ``"evaluation"`` for the points of
     :data:`EVALUATION_FILES` (when present), except ``"repeat"`` for one that re-measures the layout and
-    shape of a calibration point (left out of the accuracy, so evaluation stays disjoint from the fit)."""
+    shape of a calibration point (left out of the accuracy, so evaluation stays disjoint from the fit).
+    ``docs``: the files' JSON documents by file name, instead of reading them from ``bench_dir``."""
     bench_dir = pathlib.Path(bench_dir) if bench_dir is not None else BENCH_DIR
+
+    def doc_of(fname):
+        if docs is not None:
+            return docs.get(fname)
+        path = bench_dir / fname
+        return json.loads(path.read_text()) if path.exists() or fname in FILES else None
+
     points = []
     for fname in FILES:
-        doc = json.loads((bench_dir / fname).read_text())
+        doc = doc_of(fname)
+        if doc is None:
+            raise FileNotFoundError(f"the calibration needs {fname} (docs has {sorted(docs or {})})")
         for i, r in enumerate(doc["results"]):
             p = _point_of(fname, i, r)
             if p is not None:
@@ -133,9 +143,9 @@ def load_points(bench_dir=None) -> List[Point]:
                 points.append(p)
     fitted = {_shape_key(p) for p in points if p.role == "calibration"}
     for fname in EVALUATION_FILES:
-        if not (bench_dir / fname).exists():
+        doc = doc_of(fname)
+        if doc is None:
             continue
-        doc = json.loads((bench_dir / fname).read_text())
         for i, r in enumerate(doc["results"]):
             p = _point_of(fname, i, r)
             if p is not None:

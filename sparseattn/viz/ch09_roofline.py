@@ -114,10 +114,11 @@ def _series(r: dict) -> str:
     return f"{r['impl']} {r['pass']}"
 
 
-def prediction_scatter(doc: BenchFile) -> go.Figure:
-    """Predicted against measured ms for every row of the crossover suite with a prediction, one colour per
-    implementation, one marker per pass, with y = x and the +-25% band."""
-    rows = prediction_ratios(doc)
+def prediction_scatter(doc: BenchFile, exclude=()) -> go.Figure:
+    """Predicted against measured ms for every row of the crossover suite with a prediction (but the row
+    indices in ``exclude``), one colour per implementation, one marker per pass, with y = x and the +-25%
+    band."""
+    rows = prediction_ratios(doc, exclude)
     if not rows:
         raise LookupError(f"no row of {doc.suite!r} carries predicted_ms")
     fig = go.Figure()
@@ -143,10 +144,10 @@ def prediction_scatter(doc: BenchFile) -> go.Figure:
     return fig
 
 
-def ratio_figure(doc: BenchFile) -> go.Figure:
+def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
     """The distribution of predicted / measured per implementation and pass (every row a dot, the box its
-    quartiles), on a log axis, with the +-25% band."""
-    rows = prediction_ratios(doc)
+    quartiles; the row indices in ``exclude`` left out), on a log axis, with the +-25% band."""
+    rows = prediction_ratios(doc, exclude)
     fig = go.Figure()
     for key in sorted({_series(r) for r in rows}):
         rs = [r for r in rows if _series(r) == key]
@@ -236,9 +237,9 @@ def crossover_table_figure(doc: BenchFile) -> go.Figure:
 # ---------------------------------------------------------------------------------------------------------
 # where the model fails
 # ---------------------------------------------------------------------------------------------------------
-def worst_points(doc: BenchFile, k: int = 10) -> List[dict]:
+def worst_points(doc: BenchFile, k: int = 10, exclude=()) -> List[dict]:
     """The ``k`` rows farthest from their prediction (largest |log(predicted / measured)|), worst first."""
-    return sorted(prediction_ratios(doc), key=lambda r: -abs(math.log(r["ratio"])))[:k]
+    return sorted(prediction_ratios(doc, exclude), key=lambda r: -abs(math.log(r["ratio"])))[:k]
 
 
 def tail_points(family: str = "window", pass_: str = "fwd", grid=(1024, 2048, 4096, 8192, 16384, 65536),
