@@ -16,7 +16,7 @@ import sparseattn.roofline as R
 from sparseattn.roofline import calibrate as C
 from sparseattn.roofline.ceilings import device_slug
 from sparseattn.roofline.counts import Shape, bwd_work, decode_input, decode_work, fwd_work
-from sparseattn.roofline.crossover import _cross, envelope_of
+from sparseattn.roofline.crossover import crossing, envelope_of
 from sparseattn.roofline.model import makespan
 from sparseattn.roofline.profile import _split, bucket_of, busy_ms
 
@@ -358,33 +358,45 @@ def test_package_docstring_quotes_the_recorded_accuracy():
     assert textwrap.indent(C.failures_table(acc), "    ") in R.__doc__
 
 
-def test_recorded_layouts_match_the_bench_builders():
-    import importlib
-    import pkgutil
+def test_bench_and_roofline_share_one_home_for_cases_timers_and_slugs():
+    """The suites measure the layouts the calibration rebuilds, with the timers the roofline uses: the same
+    objects, not copies."""
     import sparseattn.bench as bench
-    mods = [bench] + [importlib.import_module(f"sparseattn.bench.{m.name}")
-                      for m in pkgutil.iter_modules(getattr(bench, "__path__", []))]
-    builder = next((getattr(m, "prefill_layout") for m in mods if hasattr(m, "prefill_layout")), None)
-    assert builder is not None, "no prefill_layout in sparseattn.bench: update this test and calibrate.py"
-    for pattern in ("causal", "window1024", "sinks64+window1024", "random10%+diag"):
-        for N in (1024, 2176):
-            ours, theirs = C.RECORDED_PATTERNS[pattern](N), builder(pattern, N, device="cpu")
-            for a, b in zip(ours.block_classes(), theirs.block_classes()):
-                assert torch.equal(a, b), (pattern, N)
-    slug = next((getattr(m, "gpu_slug") for m in mods if hasattr(m, "gpu_slug")), None)
+    from sparseattn.bench import _common as BC, cases as bench_cases
+    from sparseattn.roofline import cases, timing
+    for name in ("prefill_layout", "prefill_mask_mod", "dense_pattern_of", "layout_mask_mod", "decode_setup",
+                 "PREFILL_PATTERNS", "LAYOUT_PATTERNS"):
+        assert getattr(bench_cases, name) is getattr(cases, name), name
+    for name in ("time_gpu", "time_host", "graph_step", "compiled_flex", "flex_fn", "sdpa_fn", "sdpa_backend"):
+        assert getattr(BC, name) is getattr(timing, name) is getattr(bench, name, getattr(timing, name)), name
+    assert BC.gpu_slug is device_slug
     for name in ("NVIDIA H200", "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA A100-SXM4-80GB"):
-        assert device_slug(name) == slug(name)
+        assert device_slug(name) == {"NVIDIA H200": "h200", "NVIDIA GeForce RTX 4090": "rtx-4090", "Tesla T4": "t4",
+                                     "NVIDIA A100-SXM4-80GB": "a100"}[name]
+    for pattern in ("causal", "window1024", "sinks64+window1024", "random10%+diag"):
+        lay = C.RECORDED_PATTERNS[pattern](1024)
+        assert lay.block_q == lay.block_k == 128 and lay.device.type == "cpu"
+
+
+def test_rebuilt_layouts_must_match_the_recorded_tile_counts():
+    """The calibration refuses a recorded row whose rebuilt layout lists another number of tiles (a builder
+    changed after the data was recorded)."""
+    p = next(p for p in C.load_points() if p.group == "sparseattn/fwd" and p.pattern == "window1024")
+    C.point_work(p, R.ceilings())  # the recorded count matches
+    bad = C.Point(**{**p.__dict__, "case": {**p.case, "tiles": p.case["tiles"] + 1}})
+    with pytest.raises(AssertionError, match="tiles"):
+        C.point_work(bad, R.ceilings())
 
 
 # ---- crossover and report ---------------------------------------------------------------------------------------------
 def test_cross_interpolates_the_log_ratio():
-    value, state = _cross([1000, 2000, 4000], [2.0, 1.0, 0.5], [1.0, 1.0, 1.0], "N")
+    value, state = crossing([1000, 2000, 4000], [2.0, 1.0, 0.5], [1.0, 1.0, 1.0], "N")
     assert state == "crosses" and value == pytest.approx(2000)
-    value, _ = _cross([1000, 4000], [2.0, 0.5], [1.0, 1.0], "N")
+    value, _ = crossing([1000, 4000], [2.0, 0.5], [1.0, 1.0], "N")
     assert value == pytest.approx(2000)  # log-log midpoint
-    assert _cross([1, 2], [0.5, 0.5], [1, 1], "N") == (None, "always")
-    assert _cross([1, 2], [2, 2], [1, 1], "keep") == (None, "never")
-    value, state = _cross([0.1, 0.2, 0.4], [0.5, 1.0, 2.0], [1, 1, 1], "keep")
+    assert crossing([1, 2], [0.5, 0.5], [1, 1], "N") == (None, "always")
+    assert crossing([1, 2], [2, 2], [1, 1], "keep") == (None, "never")
+    value, state = crossing([0.1, 0.2, 0.4], [0.5, 1.0, 2.0], [1, 1, 1], "keep")
     assert state == "crosses" and value == pytest.approx(0.2)
 
 
@@ -516,3 +528,122 @@ def test_gpu_check_walks_on_cpu(tmp_path):
     ours = [r for r in doc["results"] if r["impl"] == "sparseattn"]
     assert all(r["ms"] == 1.0 and r["predicted_ms"] > 0 for r in ours)
     assert {r["case"]["pattern"] for r in doc["results"] if r["impl"] == "cudnn"} >= {"causal", "dense"}
+
+
+# ---- the crossover sweep as evaluation points -------------------------------------------------------------------
+def _crossover_rows():
+    """A few rows shaped like the crossover suite's (as it writes them), with made-up times."""
+    from sparseattn.roofline.crossover import family_layout
+    base = {"B": 1, "H": 16, "D": 128, "dtype": "bf16"}
+    rows = []
+    for fam, x, N, params in (("window", 2048, 2048, {"window": 2048}), ("block_random", 0.2, 4096, {}),
+                              ("documents", 0.25, 4096, {})):
+        lay = family_layout(fam, x, N=N, **params)[0]
+        case = {**base, "N": N, "family": fam, "pattern": f"{fam}-point", **params, "envelope": "causal",
+                "tiles": int(lay.kv_count.sum() + lay.full_count.sum())}
+        if fam != "window":
+            case["keep"] = x
+        rows.append({"case": case, "impl": "sparseattn", "pass": "fwd", "ms": 0.1, "predicted_ms": 0.1})
+    rows.append({"case": {**base, "N": 4096, "pattern": "causal", "envelope": "causal"}, "impl": "cudnn",
+                 "pass": "fwd", "ms": 0.15})  # the layout and shape of a calibration point: a repeat
+    lay = family_layout("documents", 1.0, N=4096)[0]  # one document: the causal layout under another name
+    rows.append({"case": {**base, "N": 4096, "family": "documents", "pattern": "documents1&causal", "keep": 1.0,
+                          "envelope": "causal", "tiles": int(lay.kv_count.sum() + lay.full_count.sum())},
+                 "impl": "sparseattn", "pass": "fwd", "ms": 0.25})
+    rows.append({"case": {**base, "N": 2048, "pattern": "causal", "envelope": "causal"}, "impl": "cudnn",
+                 "pass": "fwd", "ms": 0.15})
+    dec = {"family": "decode", "N": 16384, "B": 16, "Hq": 32, "Hkv": 8, "D": 128, "dtype": "bf16", "page_size": 16}
+    rows.append({"case": {**dec, "pattern": "keep0.10", "keep": 0.1}, "impl": "sparseattn",
+                 "pass": "decode (CUDA graph)", "ms": 0.05, "bytes": 16 * round(0.1 * 1024) * 16 * 8 * 128 * 4})
+    rows.append({"case": {**dec, "pattern": "route_top3", "family": "routing"}, "impl": "sparseattn", "pass": "fwd",
+                 "ms": 0.1})  # a routed layout: not rebuilt, not evaluated
+    return rows
+
+
+def test_crossover_file_is_evaluated_never_fitted(tmp_path):
+    import shutil
+    for name in C.FILES:
+        shutil.copy(C.BENCH_DIR / name, tmp_path / name)
+    without = C.load_points(tmp_path)
+    (tmp_path / "crossover-h200.json").write_text(json.dumps({"suite": "crossover", "device": "NVIDIA H200",
+                                                              "date": "2026-12-01", "torch": "2.11", "triton": "3.6",
+                                                              "results": _crossover_rows()}))
+    points = C.load_points(tmp_path)
+    extra = [p for p in points if p.id.startswith("crossover")]
+    assert [p.role for p in points[:len(without)]] == [p.role for p in without]  # the fit's points unchanged
+    assert [p.role for p in extra] == ["evaluation"] * 3 + ["repeat", "repeat", "evaluation", "evaluation"]
+    assert all(p.label().endswith("(crossover)") for p in extra)
+    rec = json.loads(C.record_path("h200").read_text())
+    rows = C.evaluate(extra, rec["model"], R.Ceilings.from_json(rec["ceilings"]))  # layouts rebuilt, tiles checked
+    acc = C.accuracy([dict(r) for r in rows])
+    assert acc["crossover sweep (all)"]["n"] == 5  # the repeat is left out
+    assert acc["classes"]["crossover sweep: ours"]["n"] == 4 and acc["classes"]["crossover sweep: Flex, cuDNN"]["n"] == 1
+    assert acc["classes"]["prefill (fwd + bwd, ours)"]["n"] == 0
+    bad = json.loads((tmp_path / "crossover-h200.json").read_text())
+    bad["results"][0]["case"]["tiles"] += 1
+    (tmp_path / "crossover-h200.json").write_text(json.dumps(bad))
+    with pytest.raises(AssertionError, match="tiles"):
+        C.evaluate([p for p in C.load_points(tmp_path) if p.id.startswith("crossover")][:1], rec["model"],
+                   R.Ceilings.from_json(rec["ceilings"]))
+
+
+def test_sync_docstring_rewrites_only_the_tables(tmp_path):
+    import sparseattn.roofline as pkg
+    acc = json.loads(C.record_path("h200").read_text())["calibration"]["accuracy"]
+    copy = tmp_path / "__init__.py"
+    copy.write_text(open(pkg.__file__).read())
+    assert not C.sync_docstring(acc, copy)  # the packaged docstring quotes the packaged record
+    changed = json.loads(json.dumps(acc))
+    changed["outside_25pct"] = changed["outside_25pct"][:2] + [dict(changed["outside_25pct"][0], label=f"p{i}")
+                                                               for i in range(40)]
+    changed["classes"]["decode (cuDNN)"]["median"] = 1.5
+    assert C.sync_docstring(changed, copy)
+    text = copy.read_text()
+    assert textwrap.indent(C.summary_table(changed), "    ") in text and "1.50" in text
+    assert "... and 17 more (python -m sparseattn.roofline accuracy)" in text
+    before, after = open(pkg.__file__).read(), text
+    head = before.index("Predicted / measured on the evaluation points::")
+    assert before[:head] == after[:head]  # nothing before the tables moved
+    assert before[before.index("Why those fail:"):] == after[after.index("Why those fail:"):]
+
+
+def test_report_is_the_one_call_answer():
+    r = R.report("sinks64+window1024", N=16384)
+    assert r.envelope == "causal" and r.source == "predicted"
+    assert r.speedup == pytest.approx(r.predicted["cudnn"] / r.predicted["sparseattn"]) and r.faster == (r.speedup > 1)
+    assert f"{r.speedup:.2f}x over causal cuDNN" in r.verdict
+    assert f"FlexAttention {r.predicted['cudnn'] / r.predicted['flex']:.2f}x" in r.verdict
+    same = R.report(C.RECORDED_PATTERNS["sinks64+window1024"](16384))
+    assert same.predicted == r.predicted  # a name, the layout it names: the same answer
+    rows = {x["impl"]: x for x in r.rows()}
+    assert rows["sparseattn"]["compute_ms"] == r.costs["sparseattn"].t_compute_ms
+    assert "<table>" in r._repr_html_() and json.dumps(r.as_dict())
+    slow = R.report(P.causal(), N=1024, pass_="bwd", rebuild_layout=True, routing=0.5)
+    assert slow.predicted["sparseattn"] == pytest.approx(
+        R.cost(C.RECORDED_PATTERNS["causal"](1024), {"B": 1, "Hq": 16, "D": 128}, "bwd",
+               routing=0.5, rebuild_layout=True).predicted_ms)
+    assert not slow.faster and slow.verdict.startswith("dense is faster here")
+    for bad, match in ((dict(pattern_or_layout="window 1024", N=1024), "pattern name"),
+                       (dict(pattern_or_layout="causal"), "needs N"),
+                       (dict(pattern_or_layout=P.causal(), N=0), "N"),
+                       (dict(pattern_or_layout=P.causal(), N=1024, pass_="backward"), "pass_")):
+        with pytest.raises(ValueError, match=match):
+            R.report(**bad)
+    with pytest.raises(TypeError, match="pattern_or_layout"):
+        R.report(3.0, N=1024)
+
+
+def test_recorded_envelopes_follow_the_layouts():
+    from sparseattn.roofline.cases import ENVELOPES, dense_pattern_of
+    for pattern in ENVELOPES:
+        assert dense_pattern_of(pattern) == envelope_of(C.RECORDED_PATTERNS[pattern](1024)), pattern
+    with pytest.raises(ValueError, match="pattern"):
+        dense_pattern_of("window2048")
+
+
+def test_load_points_from_documents_as_a_notebook_passes_them():
+    from sparseattn.bench.record import load
+    docs = {f: load(f.rsplit("-", 1)[0]).to_json() for f in C.FILES}
+    assert [(p.id, p.role) for p in C.load_points(docs=docs)] == [(p.id, p.role) for p in C.load_points()]
+    with pytest.raises(FileNotFoundError, match="prefill-h200.json"):
+        C.load_points(docs={k: v for k, v in docs.items() if k != "prefill-h200.json"})

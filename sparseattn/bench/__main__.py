@@ -7,7 +7,9 @@ vs FlexAttention, cuDNN, FA2, naive), ``backward`` (deterministic and atomic bac
 cuDNN, FA2; determinism; column splitting), ``layout`` (building the block table vs FlexAttention's
 ``create_block_mask``), ``decode`` (paged-cache decode, dense and Quest-selected, vs SDPA and FlexAttention
 decode, and a streaming-read ceiling), ``decode_keep`` (decode and the CUDA-graph step vs the fraction of
-pages kept).
+pages kept), ``crossover`` (where sparse starts to beat cuDNN on the pattern's envelope, per family and pass,
+every row with the cost model's ``predicted_ms``; ``--part fwd,decode`` and ``--part bwd`` each fit one
+10-minute run, ``--merge`` joins them).
 
 ``--sweep`` (prefill, backward, decode) also times a set of kernel configs and writes
 ``<suite>-sweep-<gpu>.json`` (every row, the sweep's included) and ``<suite>-defaults-<gpu>.json`` (the best
@@ -27,7 +29,7 @@ from . import _common as C
 
 #: suite name -> module (imported when the suite runs)
 SUITES = {"prefill": "prefill", "layout": "layout_build", "backward": "backward", "decode": "decode",
-          "decode_keep": "decode_keep"}
+          "decode_keep": "decode_keep", "crossover": "crossover"}
 
 
 def suite_module(name: str):
@@ -51,14 +53,26 @@ def parser() -> argparse.ArgumentParser:
                     help="also time a set of kernel configs (prefill, backward, decode); writes "
                          "<suite>-sweep-<gpu>.json and <suite>-defaults-<gpu>.json instead of <suite>-<gpu>.json")
     ap.add_argument("--naive-max-bytes", type=float, default=24e9)
+    g = ap.add_argument_group("crossover")
+    g.add_argument("--part", default="all", help="fwd, bwd, decode, or a comma-separated list (default: all)")
+    g.add_argument("--families", default=None,
+                   help="comma-separated: window, sinks_window, block_random, documents, routing (default: all)")
+    g.add_argument("--keep-n", default=None, help="comma-separated lengths of the kept-fraction families")
+    g.add_argument("--budget-s", type=float, default=500.0,
+                   help="stop starting FlexAttention compiles and new points when this many seconds have passed "
+                        "(default: %(default)s)")
+    g.add_argument("--merge", default=None,
+                   help="an earlier crossover file of the same GPU: its rows of the parts not measured now are kept")
     return ap
 
 
-def write_outputs(module, records, out_dir: str, env: dict, sweep: bool, family: Optional[str]) -> List[str]:
-    """Write the suite's files; return their paths. Without ``sweep``: ``<suite>-<gpu>.json``. With it:
-    ``<suite>-sweep-<gpu>.json`` and ``<suite>-defaults-<gpu>.json`` (defaults for GPU ``family``)."""
+def write_outputs(module, records, out_dir: str, env: dict, sweep: bool, family: Optional[str],
+                  meta: Optional[dict] = None) -> List[str]:
+    """Write the suite's files; return their paths. Without ``sweep``: ``<suite>-<gpu>.json`` (with the
+    suite's extra ``meta`` keys). With it: ``<suite>-sweep-<gpu>.json`` and ``<suite>-defaults-<gpu>.json``
+    (defaults for GPU ``family``)."""
     if not sweep:
-        return [C.write_json(module.NAME, records, out_dir, env)]
+        return [C.write_json(module.NAME, records, out_dir, env, meta=meta)]
     from .defaults import defaults_doc
     from .record import bench_filename
     paths = [C.write_json(module.NAME, records, out_dir, env, variant="sweep")]
@@ -79,10 +93,11 @@ def main(argv=None) -> int:
     args.device = "cuda"
     if args.n is None:
         args.n = module.DEFAULT_N
+    args.meta = {}  # a suite may add keys to its file's meta block
     records, table, cols = module.run(args)
     from ..ops.config import gpu_family
     paths = write_outputs(module, records, args.out, C.environment(), args.sweep,
-                          gpu_family(torch.device("cuda"), interpreter=False))
+                          gpu_family(torch.device("cuda"), interpreter=False), meta=args.meta)
     print()
     for p in paths:
         print(f"wrote {p}")

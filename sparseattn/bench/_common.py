@@ -2,9 +2,11 @@
 progress, and the baseline callables (FlexAttention compiled, SDPA's cuDNN and FlashAttention-2 backends,
 naive masked dense attention, a streaming read).
 
-Suites call these through the module (``from . import _common as C``; ``C.time_gpu(...)``), so a test can
-replace the GPU-only pieces (timers, graph capture, the compiled FlexAttention) and run a suite's code on the
-CPU through the Triton interpreter.
+The timers, graph capture, FlexAttention and SDPA helpers live in :mod:`sparseattn.roofline.timing` (the
+roofline measures with them too and sits below the bench) and the file-name slug of a device in
+:func:`sparseattn.roofline.ceilings.device_slug`; they are re-exported here. Suites call everything through
+this module (``from . import _common as C``; ``C.time_gpu(...)``), so a test can replace the GPU-only pieces
+(here and in ``roofline.timing``) and run a suite's code on the CPU through the Triton interpreter.
 """
 from __future__ import annotations
 
@@ -14,14 +16,14 @@ import json
 import math
 import os
 import platform
-import re
-import statistics
 import sys
-import time
 from typing import Callable, Iterable, List, Optional
 
 import torch
 
+from ..roofline.ceilings import device_slug as gpu_slug  # noqa: F401
+from ..roofline.timing import (compiled_flex, flex_fn, graph_step, sdpa_backend, sdpa_fn,  # noqa: F401
+                               synchronize, time_gpu, time_host)
 from .record import DEFAULT_DIR, Record, bench_filename
 
 DEFAULT_OUT = str(DEFAULT_DIR)
@@ -30,13 +32,6 @@ DEFAULT_OUT = str(DEFAULT_DIR)
 # ---------------------------------------------------------------------------------------------------------
 # environment and output
 # ---------------------------------------------------------------------------------------------------------
-def gpu_slug(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"h200"``."""
-    name = name.lower().replace("nvidia", "").replace("geforce", "")
-    m = re.search(r"([a-z]+\d+[a-z]*)", name)
-    return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
-
-
 def environment() -> dict:
     """The meta block of a results file: date, versions and the device measured."""
     import triton
@@ -54,9 +49,11 @@ def environment() -> dict:
     return env
 
 
-def write_json(suite: str, records: List[Record], out_dir: str, env: dict, variant: Optional[str] = None) -> str:
-    """Write ``<suite>[-<variant>]-<gpu>.json`` (the results file) into ``out_dir``; return its path."""
-    doc = {"suite": suite, **env, "results": [r.to_json() for r in records]}
+def write_json(suite: str, records: List[Record], out_dir: str, env: dict, variant: Optional[str] = None,
+               meta: Optional[dict] = None) -> str:
+    """Write ``<suite>[-<variant>]-<gpu>.json`` (the results file) into ``out_dir``; return its path. ``meta``:
+    more keys of the file's meta block (a suite's grid, its profiles)."""
+    doc = {"suite": suite, **env, **(meta or {}), "results": [r.to_json() for r in records]}
     return write_doc(doc, out_dir, bench_filename(suite, gpu_slug(env["device"]), variant))
 
 
@@ -120,45 +117,6 @@ def note(msg: str) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------------------
-def time_gpu(fn: Callable, warmup_ms: float = 50, rep_ms: float = 300) -> float:
-    """Median milliseconds of ``fn`` by CUDA events (triton's do_bench, which also flushes L2 between runs)."""
-    import triton.testing
-    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-
-
-def synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_host(fn: Callable, repeat: int = 15, warmup: int = 3, device="cuda") -> float:
-    """Median wall milliseconds of a host-synchronising ``fn`` (layout builds read counts back to the host)."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def graph_step(fn: Callable):
-    """Capture ``fn`` (fixed shapes, no host sync) in a CUDA graph after two warm-up calls; return the graph
-    (``graph.replay()`` reruns it)."""
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def grad_fn(fwd: Callable, inputs, do) -> Callable:
     """Time the backward alone: one forward kept alive, gradients recomputed from it every call."""
     out = fwd()
@@ -196,44 +154,6 @@ def tile_flops(layout, H: int, D: int) -> float:
     """Matmul FLOPs of the listed tiles (whole tiles, as the kernel computes them) for ``H`` heads."""
     tiles = int(layout.kv_count.sum() + layout.full_count.sum()) * (H if layout.H == 1 else 1)
     return tiles * 4.0 * layout.block_q * layout.block_k * D
-
-
-_FLEX = {}
-
-
-def compiled_flex():
-    """``torch.compile(flex_attention)``, once per process, with the recompile limit raised (FlexAttention
-    otherwise falls back silently to a very slow eager path after a few shapes)."""
-    if "fn" not in _FLEX:
-        import torch._dynamo
-        from torch.nn.attention.flex_attention import flex_attention
-        cfg = torch._dynamo.config
-        if hasattr(cfg, "recompile_limit"):
-            cfg.recompile_limit = max(cfg.recompile_limit, 1024)
-        if hasattr(cfg, "cache_size_limit"):
-            cfg.cache_size_limit = max(cfg.cache_size_limit, 1024)
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    return _FLEX["fn"]
-
-
-def flex_fn(q, k, v, block_mask, **kwargs) -> Callable:
-    """A call of compiled FlexAttention on fixed inputs (``block_mask`` from ``layout.to_flex()``)."""
-    flex = compiled_flex()
-    return lambda: flex(q, k, v, block_mask=block_mask, **kwargs)
-
-
-def sdpa_backend(name: str):
-    """The ``sdpa_kernel`` context that forces SDPA's backend ``"cudnn"`` or ``"fa2"``."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}[name])
-
-
-def sdpa_fn(q, k, v, backend: str, causal: bool = False, **kwargs) -> Callable:
-    """SDPA on ``backend`` ("cudnn" or "fa2"), the backend forced inside every call."""
-    def run():
-        with sdpa_backend(backend):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, **kwargs)
-    return run
 
 
 def naive_fn(q, k, v, dense_mask) -> Callable:

@@ -1,101 +1,24 @@
-"""The named patterns and setups that the suites measure and the book draws, in one place.
+"""The named patterns and setups that the suites measure and the book draws.
 
-Names are the ones recorded in ``book/data/bench/*.json`` (``"window1024"``, ``"sinks64+window1024"``, ...),
-so a figure that asks for a pattern by name and the suite that measured it agree by construction.
+The recorded suites' layouts and setups (prefill, layout, decode) live in :mod:`sparseattn.roofline.cases`,
+where the cost model's calibration rebuilds them too, and are re-exported here; the book's gallery of
+patterns scaled with the length (chapter 3) is defined here. Names are the ones recorded in
+``book/data/bench/*.json`` (``"window1024"``, ``"sinks64+window1024"``, ...), so a figure that asks for a
+pattern by name and the suite that measured it agree by construction.
 """
 from __future__ import annotations
 
-import math
-from typing import Callable, Dict, Optional
+from typing import Optional
 
 import torch
 
 from .. import patterns as P
 from ..layout import BlockLayout
-from ..paged import PagedKVCache
+from ..roofline.cases import (LAYOUT_PATTERNS, PREFILL_PATTERNS, decode_setup, dense_pattern_of, layout_mask_mod,
+                              prefill_layout, prefill_mask_mod)
 
 __all__ = ["PREFILL_PATTERNS", "prefill_mask_mod", "prefill_layout", "dense_pattern_of", "LAYOUT_PATTERNS",
            "layout_mask_mod", "decode_setup", "BOOK_PATTERNS", "book_layout", "token_topk_mask"]
-
-# ---------------------------------------------------------------------------------------------------------
-# prefill and backward suites (block 128, the book's chapters 5 and 6)
-# ---------------------------------------------------------------------------------------------------------
-#: The prefill/backward suites' patterns, in the order the book shows them.
-PREFILL_PATTERNS = ["causal", "window1024", "sinks64+window1024", "random10%+diag"]
-
-_PREFILL_MASK_MODS: Dict[str, Callable] = {
-    "causal": P.causal,
-    "window1024": lambda: P.sliding_window(1024),
-    "sinks64+window1024": lambda: P.sinks_window(64, 1024),
-}
-
-
-def prefill_mask_mod(pattern: str):
-    """The mask_mod of a token-level prefill pattern (every pattern but the block-level ``random10%+diag``)."""
-    if pattern not in _PREFILL_MASK_MODS:
-        raise ValueError(f"pattern must be one of {sorted(_PREFILL_MASK_MODS)} (token-level prefill patterns), "
-                         f"got {pattern!r}")
-    return _PREFILL_MASK_MODS[pattern]()
-
-
-def prefill_layout(pattern: str, N: int, block: int = 128, device="cuda") -> BlockLayout:
-    """The block table of a prefill pattern at length ``N`` (queries and keys), tiles ``block x block``."""
-    if pattern == "random10%+diag":
-        # 10% of the blocks at random plus the diagonal, every listed tile full (a block-level pattern)
-        n = math.ceil(N / block)
-        g = torch.Generator(device="cpu").manual_seed(0)
-        blocks = (torch.rand(n, n, generator=g) < 0.10) | torch.eye(n, dtype=torch.bool)
-        return BlockLayout.from_block_mask(blocks.view(1, 1, n, n).to(device), N, N, block, block)
-    if pattern not in _PREFILL_MASK_MODS:
-        raise ValueError(f"pattern must be one of {PREFILL_PATTERNS}, got {pattern!r}")
-    return BlockLayout.from_mask_mod(prefill_mask_mod(pattern), N, N, block, block, device=device)
-
-
-def dense_pattern_of(pattern: str) -> str:
-    """The dense baseline doing the same work as a pattern's envelope: ``"causal"`` for causal, else
-    ``"dense"`` (the case pattern of the cuDNN/FA2 rows)."""
-    return "causal" if pattern == "causal" else "dense"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# layout suite: building the block table
-# ---------------------------------------------------------------------------------------------------------
-#: The layout suite's patterns: analytic tile rules of several kinds, and one mask with no rule.
-LAYOUT_PATTERNS = ["causal", "window1024", "sinks64+window1024", "dilated4&causal", "documents&causal",
-                   "block_random10%", "arbitrary(no rule)"]
-
-
-def layout_mask_mod(pattern: str, N: int, device="cuda"):
-    """The mask_mod of a layout-suite pattern at length ``N`` (``documents&causal`` draws 32 documents)."""
-    if pattern in _PREFILL_MASK_MODS:
-        return prefill_mask_mod(pattern)
-    if pattern == "dilated4&causal":
-        return P.and_masks(P.causal(), P.dilated(4))
-    if pattern == "documents&causal":
-        docs = torch.sort(torch.randint(0, 32, (N,), device=device, generator=None)).values
-        return P.and_masks(P.causal(), P.document(docs))
-    if pattern == "block_random10%":
-        return P.block_random(0.1, 128, seed=0)
-    if pattern == "arbitrary(no rule)":
-        return lambda b, h, q, k: (k <= q) & ((q - k) % 7 != 3)
-    raise ValueError(f"pattern must be one of {LAYOUT_PATTERNS}, got {pattern!r}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# decode suites
-# ---------------------------------------------------------------------------------------------------------
-def decode_setup(B: int, L: int, ps: int, Hq: int, Hkv: int, D: int, dtype, device="cuda"):
-    """Seeded random K/V ``[B, Hkv, L, D]`` (contiguous, for the baselines), the same tokens in a full paged
-    cache of page size ``ps``, and one query per sequence ``[B, Hq, D]``."""
-    torch.manual_seed(0)
-    kd = torch.randn(B, Hkv, L, D, device=device, dtype=dtype)
-    vd = torch.randn_like(kd)
-    cache = PagedKVCache(B * (L // ps), ps, Hkv, D, dtype=dtype, device=device, max_seqs=B,
-                         max_pages_per_seq=L // ps)
-    for b in range(B):
-        cache.append(b, kd[b].transpose(0, 1), vd[b].transpose(0, 1))
-    return kd, vd, cache, torch.randn(B, Hq, D, device=device, dtype=dtype)
-
 
 # ---------------------------------------------------------------------------------------------------------
 # the book's gallery (chapter 3): patterns scaled with the length L

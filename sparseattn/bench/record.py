@@ -58,9 +58,10 @@ class Pass:
     SELECT_DECODE_GRAPH = "select+decode (CUDA graph)"  #: the same step replayed from one CUDA graph
     SWEEP = "sweep"  #: one decode tile/split config of a sweep
     READ = "read"  #: a streaming read of the K/V bytes
+    ROUTE = "route"  #: routing a prefill layout on the device (sparseattn.routing.route)
     #: every name above
     ALL = frozenset({FWD, BWD, FWD_BWD, LAYOUT, TRANSPOSE, DECODE, DECODE_DENSE, DECODE_BLOCK_MASK, DECODE_GRAPH,
-                     SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, READ})
+                     SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, READ, ROUTE})
 
 
 _ROW_KEYS = ("case", "impl", "pass", "ms")

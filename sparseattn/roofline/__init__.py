@@ -17,10 +17,20 @@ The source material's equation, priced per kernel launch::
   (``"window"``, ``"sinks_window"``) or kept fraction (``"block_random"``, ``"documents"``, ``"decode"``)
   where our predicted time drops below cuDNN's on the pattern's envelope (causal or dense).
 * :func:`report` ``(pattern_or_layout, shape=None, *, N=None, pass_="fwd", measure=False, ...)`` ->
-  :class:`Report`: "will sparse be faster here?" -- predicted (and on a GPU measured) times of ours,
-  FlexAttention and cuDNN, the verdict and our dominant term.
+  :class:`Report`: "will sparse be faster here?" -- for a mask_mod, a recorded pattern name, a layout or (decode)
+  a cache: predicted (and on a GPU measured) times of ours, FlexAttention and cuDNN, the verdict with our
+  speedup over cuDNN, and our dominant term. The entry point for users::
+
+      >>> import sparseattn.roofline as R
+      >>> print(R.report("sinks64+window1024", N=16384, pass_="bwd").verdict)   # doctest: +SKIP
+
 * :func:`profile_step` ``(fn, *args, **kwargs)`` -> :class:`StepProfile`: one step under ``torch.profiler``,
-  split into route / index / kernel / launch.
+  split into route / index / kernel / launch (:func:`.profile.example_steps`: the two steps the book profiles).
+
+Around them: :mod:`.cases` (the named layouts of the recorded benchmarks, shared with
+:mod:`sparseattn.bench`), :mod:`.timing` (GPU timers, CUDA-graph capture, compiled FlexAttention, SDPA
+backends; re-exported by the bench), :mod:`.measure` (the small timings of ``report(measure=True)``) and the
+``python -m sparseattn.roofline`` commands.
 
 How the terms are computed:
 
@@ -49,11 +59,17 @@ bf16) and evaluated on points disjoint from the fit:
   causal);
 * decode: fitted on batch 8 and 32 (decode_keep, CUDA graph and eager), evaluated on batch 1 and on the
   decode suite (page sizes 16, 64, 128); cuDNN decode likewise;
-* layout build and transpose: fitted at N = 32k, evaluated at 131k.
+* layout build and transpose: fitted at N = 32k, evaluated at 131k;
+* the crossover sweep (``book/data/bench/crossover-h200.json``, :mod:`sparseattn.bench.crossover`; when
+  recorded) is evaluated only: a 2048-token window, 64 sinks + a 1024-token window, block-random + diagonal
+  and equal documents at N = 1k to 16k, decode at B = 4 and 16. A sweep point that re-measures the layout and
+  shape of a calibration point (the cuDNN forward at 4k and 16k; one document at 4k and 16k, which is the
+  causal layout) is a ``"repeat"`` and left out.
 
 Parameters a model's calibration points cannot separate are tied to another model's (listed under
-``tied`` in the record; e.g. the backward's partial-tile overhead is the forward's). Predicted / measured on
-the evaluation points::
+``tied`` in the record; e.g. the backward's partial-tile overhead is the forward's).
+
+Predicted / measured on the evaluation points::
 
     evaluation points                      n  median    p10    p90 in +-25%
     prefill (fwd + bwd, ours)             15    0.97   0.75   1.05      87%

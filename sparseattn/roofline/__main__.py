@@ -6,8 +6,9 @@
   measured times of ours, FlexAttention and cuDNN on the recorded patterns (forward and backward) and on
   decode, and a profile of one training step and one decode step; writes ``DIR/roofline-check-<gpu>.json``
   (bench rows with ``predicted_ms`` beside ``ms``) as it goes.
-* ``calibrate [--bench DIR] [--out FILE]`` (CPU): refit the model on the recorded bench files and rewrite the
-  record (default: the packaged ``sparseattn/data/ceilings-h200.json``).
+* ``calibrate [--bench DIR] [--out FILE]`` (CPU, about two minutes): refit the model on the recorded bench files
+  and rewrite the record (default: the packaged ``sparseattn/data/ceilings-h200.json``, and then the accuracy
+  tables of the package docstring too); ``crossover-h200.json``, when recorded, is evaluated, never fitted.
 * ``accuracy``: the accuracy of the packaged model on its evaluation points.
 * ``report PATTERN --n N [--pass fwd|bwd]`` / ``crossover FAMILY [--pass fwd|bwd]``: predictions.
 """
@@ -138,42 +139,21 @@ def run_check(out: pathlib.Path, Ns, patterns, ceil, *, device="cuda", timer=Non
 
 
 def _profiles() -> dict:
-    """One training step (window 1024, N=16k, forward + backward) and one decode step, profiled."""
-    from .. import patterns as P
-    from ..layout import BlockLayout
-    from ..ops import sparse_attention, sparse_decode
-    from ..paged import PagedKVCache
-    from ..routing import select_pages
-    from .profile import profile_step
+    """The book's two example steps (:func:`.profile.example_steps`), profiled on the GPU."""
+    from .profile import example_steps, profile_step
     out = {}
-    dev = torch.device("cuda")
-    N = 16384
-    q, k, v = (torch.randn(1, 16, N, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-
-    def train_step():
-        layout = BlockLayout.from_mask_mod(P.sliding_window(1024), N, N, 128, 128, device=dev)
-        sparse_attention(q, k, v, layout).sum().backward()
-    prof = profile_step(train_step)
-    print(prof, flush=True)
-    out["train_step_window1024_16k"] = {"wall_ms": prof.wall_ms, "device_busy_ms": prof.device_busy_ms,
-                                        "buckets": prof.buckets,
-                                        "kernels": [list(k) for k in sorted(prof.kernels, key=lambda x: -x[2])[:20]]}
-    cache = PagedKVCache(8 * 2048, 16, 8, 128, dtype=torch.bfloat16, device=dev, max_seqs=8, max_pages_per_seq=2048)
-    for b in range(8):
-        cache.append(b, torch.randn(32768, 8, 128, dtype=torch.bfloat16, device=dev),
-                     torch.randn(32768, 8, 128, dtype=torch.bfloat16, device=dev))
-    qd = torch.randn(8, 32, 128, device=dev, dtype=torch.bfloat16)
-    prof = profile_step(lambda: sparse_decode(qd, cache, pages=select_pages(qd, cache, 205)))
-    print(prof, flush=True)
-    out["decode_step_keep0.10_32k"] = {"wall_ms": prof.wall_ms, "device_busy_ms": prof.device_busy_ms,
-                                       "buckets": prof.buckets,
-                                       "kernels": [list(k) for k in sorted(prof.kernels, key=lambda x: -x[2])[:20]]}
+    for name, (fn, what) in example_steps("cuda").items():
+        prof = profile_step(fn)
+        print(f"{name}: {what}\n{prof}", flush=True)
+        out[name] = {"what": what, **prof.as_dict()}
     return out
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import run, summary_table
+    from .calibrate import run, summary_table, sync_docstring
     rec = run(args.bench, pathlib.Path(args.out) if args.out else None, iters=args.iters)
+    if not args.out and sync_docstring(rec["calibration"]["accuracy"]):
+        print("rewrote the accuracy tables of sparseattn/roofline/__init__.py")
     for key, m in rec["model"].items():
         print(f"{key:24s} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                         for k, v in m["params"].items()))
@@ -187,7 +167,7 @@ def cmd_accuracy(args) -> int:
     from .ceilings import load_record
     acc = load_record("h200")["calibration"]["accuracy"]
     print(summary_table(acc))
-    print("\noutside +-25%:")
+    print(f"\noutside +-25% ({len(acc['outside_25pct'])}):")
     for r in acc["outside_25pct"]:
         print(f"  {r['label']:60s} ratio {r['ratio']:.2f}")
     return 0

@@ -24,10 +24,12 @@ Run ``python -m sparseattn.roofline calibrate`` to refit and rewrite ``sparseatt
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import pathlib
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -36,51 +38,31 @@ import torch
 
 from ..layout import BlockLayout
 from ..ops import BwdConfig
-from .. import patterns as P
+from .cases import PREFILL_PATTERNS, layout_mask_mod, prefill_layout
 from .ceilings import Ceilings, load_record, record_path
 from .counts import Shape
 from .model import evaluated_cells_of, model_params, predict, work_of
 
 __all__ = ["RECORDED_PATTERNS", "Point", "load_points", "role_of", "calibrate", "evaluate", "accuracy",
-           "summary_table", "failures_table", "run", "BENCH_DIR"]
+           "summary_table", "failures_table", "sync_docstring", "run", "BENCH_DIR", "FILES", "EVALUATION_FILES"]
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / "book" / "data" / "bench"
 CALIBRATION_PATTERNS = ("causal", "window1024")
 
 
 # ---- the recorded layouts ---------------------------------------------------------------------------------------
-def _random_diag(N: int, block: int = 128) -> BlockLayout:
-    # as the prefill suites built it: 10% of the 128-blocks at random (CPU generator, seed 0) plus the diagonal
-    n = math.ceil(N / block)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    blocks = (torch.rand(n, n, generator=g) < 0.10) | torch.eye(n, dtype=torch.bool)
-    return BlockLayout.from_block_mask(blocks.view(1, 1, n, n), N, N, block, block)
-
-
-#: The prefill patterns of the recorded runs, by their recorded names -> ``N -> BlockLayout`` (128 tiles, CPU).
-#: They are the recorded data's definitions and must stay as they were when the data was recorded; a test
-#: checks them against the bench's current builders.
+#: The prefill patterns of the recorded runs, by their recorded names -> ``N -> BlockLayout`` (128 tiles, CPU),
+#: built by the same code as the suites (:mod:`.cases`); each rebuilt layout is checked against the tile
+#: count its row recorded (:func:`point_work`).
 RECORDED_PATTERNS: Dict[str, Callable[[int], BlockLayout]] = {
-    "dense": lambda N: BlockLayout.from_mask_mod(P.full(), N, N, 128, 128, device="cpu"),
-    "causal": lambda N: BlockLayout.from_mask_mod(P.causal(), N, N, 128, 128, device="cpu"),
-    "window1024": lambda N: BlockLayout.from_mask_mod(P.sliding_window(1024), N, N, 128, 128, device="cpu"),
-    "sinks64+window1024": lambda N: BlockLayout.from_mask_mod(P.sinks_window(64, 1024), N, N, 128, 128,
-                                                              device="cpu"),
-    "random10%+diag": _random_diag,
-}
+    name: functools.partial(prefill_layout, name, block=128, device="cpu") for name in ["dense"] + PREFILL_PATTERNS}
 
 
 def _layout_build_mask(name: str, N: int):
-    """The layout suite's mask_mods (documents: 32 sorted random ids, as the suite drew them on the GPU; the
-    CPU draw here has the same distribution, and only the number of undecided tiles matters)."""
-    if name == "documents&causal":
-        g = torch.Generator().manual_seed(0)
-        docs = torch.sort(torch.randint(0, 32, (N,), generator=g)).values
-        return P.and_masks(P.causal(), P.document(docs))
-    return {"causal": P.causal(), "window1024": P.sliding_window(1024), "sinks64+window1024": P.sinks_window(64, 1024),
-            "dilated4&causal": P.and_masks(P.causal(), P.dilated(4)),
-            "block_random10%": P.block_random(0.1, 128, seed=0),
-            "arbitrary(no rule)": lambda b, h, q, k: (k <= q) & ((q - k) % 7 != 3)}[name]
+    """The layout suite's mask_mods (documents: 32 sorted random ids, drawn here with a seeded CPU generator;
+    the suite drew them on the GPU from the same distribution, and only the number of undecided tiles
+    matters)."""
+    return layout_mask_mod(name, N, device="cpu", generator=torch.Generator().manual_seed(0))
 
 
 # ---- points ----------------------------------------------------------------------------------------------------
@@ -103,7 +85,8 @@ class Point:
     def label(self) -> str:
         extra = "" if self.pass_ != "decode" else f" B={self.case.get('B')} ps={self.case.get('page_size')}" + (
             " graph" if self.graph else " eager")
-        return f"{self.impl} {self.pass_} {self.pattern} N={self.N}{extra}"
+        source = " (crossover)" if self.id.startswith(EVALUATION_FILES) else ""
+        return f"{self.impl} {self.pass_} {self.pattern} N={self.N}{extra}{source}"
 
 
 _GROUPS = {
@@ -117,26 +100,81 @@ _GROUPS = {
 }
 #: The bench files the calibration reads (the main runs; sweep and re-check files repeat these points).
 FILES = ("prefill-h200.json", "backward-h200.json", "decode_keep-h200.json", "decode-h200.json", "layout-h200.json")
+#: Files whose points only ever evaluate the model, read when present: the crossover sweep
+#: (``python -m sparseattn.bench crossover``), recorded after the fit.
+EVALUATION_FILES = ("crossover-h200.json",)
 
 
-def load_points(bench_dir=None) -> List[Point]:
-    """Every row of the recorded files that the model prices, with its calibration/evaluation role."""
+def _point_of(fname: str, i: int, r: dict) -> Optional[Point]:
+    key = (r["impl"], r["pass"])
+    if key not in _GROUPS or r.get("ms") is None or r.get("sweep") or r.get("config"):
+        return None
+    c = r["case"]
+    if c.get("family") == "routing":  # a routed layout cannot be rebuilt on the CPU
+        return None
+    pass_ = {"decode (CUDA graph)": "decode", "decode": "decode", "decode dense": "decode"}.get(r["pass"], r["pass"])
+    return Point(id=f"{fname}#{i}", group=_GROUPS[key], impl=r["impl"], pass_=pass_, pattern=c["pattern"],
+                 N=int(c["N"]), ms=float(r["ms"]), graph=r["pass"] == "decode (CUDA graph)", case=c, row=r)
+
+
+def load_points(bench_dir=None, docs: Optional[Dict[str, dict]] = None) -> List[Point]:
+    """Every row of the recorded files that the model prices, with its role: ``"calibration"`` or
+    ``"evaluation"`` by :func:`role_of` for :data:`FILES`; ``"evaluation"`` for the points of
+    :data:`EVALUATION_FILES` (when present), except ``"repeat"`` for one that re-measures the layout and
+    shape of a calibration point (left out of the accuracy, so evaluation stays disjoint from the fit).
+    ``docs``: the files' JSON documents by file name, instead of reading them from ``bench_dir``."""
     bench_dir = pathlib.Path(bench_dir) if bench_dir is not None else BENCH_DIR
+
+    def doc_of(fname):
+        if docs is not None:
+            return docs.get(fname)
+        path = bench_dir / fname
+        return json.loads(path.read_text()) if path.exists() or fname in FILES else None
+
     points = []
     for fname in FILES:
-        doc = json.loads((bench_dir / fname).read_text())
+        doc = doc_of(fname)
+        if doc is None:
+            raise FileNotFoundError(f"the calibration needs {fname} (docs has {sorted(docs or {})})")
         for i, r in enumerate(doc["results"]):
-            key = (r["impl"], r["pass"])
-            if key not in _GROUPS or r.get("ms") is None or r.get("sweep") or r.get("config"):
-                continue
-            c = r["case"]
-            pass_ = {"decode (CUDA graph)": "decode", "decode": "decode", "decode dense": "decode"}.get(r["pass"],
-                                                                                                       r["pass"])
-            p = Point(id=f"{fname}#{i}", group=_GROUPS[key], impl=r["impl"], pass_=pass_, pattern=c["pattern"],
-                      N=int(c["N"]), ms=float(r["ms"]), graph=r["pass"] == "decode (CUDA graph)", case=c, row=r)
-            p.role = role_of(p)
-            points.append(p)
+            p = _point_of(fname, i, r)
+            if p is not None:
+                p.role = role_of(p)
+                points.append(p)
+    fitted = {_shape_key(p) for p in points if p.role == "calibration"}
+    for fname in EVALUATION_FILES:
+        doc = doc_of(fname)
+        if doc is None:
+            continue
+        for i, r in enumerate(doc["results"]):
+            p = _point_of(fname, i, r)
+            if p is not None:
+                p.role = "repeat" if _shape_key(p) in fitted else "evaluation"
+                points.append(p)
     return points
+
+
+def _canonical_pattern(p: Point) -> str:
+    """The recorded name of the layout a point ran: a crossover family point that is the causal or the dense
+    layout under another name (one document, a window as long as the sequence, every tile kept) says so."""
+    c = p.case
+    fam = c.get("family")
+    if fam == "documents" and round(1 / float(c["keep"])) <= 1:
+        return "causal"
+    if fam in ("window", "sinks_window") and c.get("window", 0) >= p.N:
+        return "causal"
+    if fam == "block_random" and float(c["keep"]) >= 1.0:
+        return "dense"
+    return p.pattern
+
+
+def _shape_key(p: Point) -> tuple:
+    """What makes two points the same measurement: model, layout, length and shape."""
+    c = p.case
+    keep = None if c.get("family") in ("documents", "block_random") and _canonical_pattern(p) != p.pattern \
+        else c.get("keep")
+    return (p.group, p.graph, _canonical_pattern(p), p.N, c.get("B"), c.get("H", c.get("Hq")), c.get("Hkv"),
+            c.get("D"), c.get("dtype"), c.get("page_size"), keep)
 
 
 def role_of(p: Point) -> str:
@@ -169,6 +207,17 @@ def _layout(pattern: str, N: int) -> BlockLayout:
     return _LAYOUTS[(pattern, N)]
 
 
+def _family_layout(case: dict) -> BlockLayout:
+    """A crossover-suite point's layout, rebuilt from its family and parameters."""
+    from .crossover import family_layout
+    key = ("family", case["family"], case.get("keep"), case["N"], case.get("window"), case.get("sinks"))
+    if key not in _LAYOUTS:
+        x = case["N"] if case.get("keep") is None else case["keep"]
+        params = {k: case[k] for k in ("window", "sinks") if k in case}
+        _LAYOUTS[key] = family_layout(case["family"], x, N=case["N"], **params)[0]
+    return _LAYOUTS[key]
+
+
 def _keep_of(pattern: str) -> Optional[float]:
     m = re.fullmatch(r"keep([0-9.]+)", pattern)
     return float(m.group(1)) if m else None
@@ -191,7 +240,7 @@ def point_work(p: Point, ceil: Ceilings):
             if abs(got - p.row["bytes"]) > 1e-6 * p.row["bytes"]:
                 raise AssertionError(f"{p.label()}: rebuilt decode reads {got:.0f} bytes, the row says {p.row['bytes']}")
         return work
-    layout = _layout(p.pattern, p.N)
+    layout = _layout(p.pattern, p.N) if "family" not in c else _family_layout(c)
     if "tiles" in c:
         tiles = int(layout.kv_count.sum() + layout.full_count.sum())
         if tiles != c["tiles"]:
@@ -377,7 +426,9 @@ def _dist(ratios: List[float]) -> dict:
             "p90": float(np.quantile(r, 0.9)), "within_25pct": float(np.mean(np.abs(r - 1) <= 0.25))}
 
 
-#: How the accuracy is summarised: the kernel-time models (what the crossover needs) and the rest.
+#: How the accuracy is summarised: the kernel-time models (what the crossover needs) and the rest, on the
+#: calibration files' evaluation points; then the crossover sweep (:data:`EVALUATION_FILES`), which the
+#: issue's acceptance is about.
 CLASSES = {
     "prefill (fwd + bwd, ours)": ("sparseattn/fwd", "sparseattn/bwd", "sparseattn/bwd-atomic"),
     "prefill baselines (Flex, cuDNN)": ("flex/fwd", "flex/bwd", "cudnn/fwd", "cudnn/bwd"),
@@ -385,13 +436,19 @@ CLASSES = {
     "decode, eager (ours)": ("sparseattn/decode:eager",),
     "decode (cuDNN)": ("cudnn/decode",),
     "layout build + transpose": ("index/layout", "index/transpose"),
+    "crossover sweep: ours": ("crossover:sparseattn/fwd", "crossover:sparseattn/bwd",
+                              "crossover:sparseattn/decode:graph"),
+    "crossover sweep: Flex, cuDNN": ("crossover:flex/fwd", "crossover:flex/bwd", "crossover:cudnn/fwd",
+                                     "crossover:cudnn/bwd", "crossover:cudnn/decode"),
 }
+CROSSOVER_CLASSES = ("crossover sweep: ours", "crossover sweep: Flex, cuDNN")
 
 
 def _class_key(row: dict) -> str:
+    src = "crossover:" if row["id"].startswith(EVALUATION_FILES) else ""
     if row["group"] == "sparseattn/decode":
-        return "sparseattn/decode:" + ("graph" if row["label"].endswith("graph") else "eager")
-    return row["group"]
+        return src + "sparseattn/decode:" + ("graph" if " graph" in row["label"] else "eager")
+    return src + row["group"]
 
 
 def accuracy(rows: List[dict]) -> dict:
@@ -407,6 +464,8 @@ def accuracy(rows: List[dict]) -> dict:
                                                   if r["group"] == g and r["role"] == "calibration"])}
     kernel = [r["ratio"] for r in ev if not r["group"].startswith("index") and _class_key(r) != "sparseattn/decode:eager"]
     out["kernels (all evaluation points except eager decode and layout builds)"] = _dist(kernel)
+    sweep = {k for c in CROSSOVER_CLASSES for k in CLASSES[c]}
+    out["crossover sweep (all)"] = _dist([r["ratio"] for r in ev if _class_key(r) in sweep])
     out["outside_25pct"] = [{"label": r["label"], "ratio": round(r["ratio"], 3), "measured_ms": r["measured_ms"],
                              "predicted_ms": round(r["predicted_ms"], 5)} for r in ev if abs(r["ratio"] - 1) > 0.25]
     return out
@@ -418,6 +477,7 @@ def summary_table(acc: dict) -> str:
     items = list(acc["classes"].items())
     items.append(("all kernel models (no eager decode)",
                   acc["kernels (all evaluation points except eager decode and layout builds)"]))
+    items.append(("crossover sweep (all)", acc.get("crossover sweep (all)", {"n": 0})))
     for name, d in items:
         if d["n"] == 0:
             continue
@@ -426,9 +486,36 @@ def summary_table(acc: dict) -> str:
     return "\n".join(lines)
 
 
-def failures_table(acc: dict) -> str:
-    """The evaluation points outside +-25%, one a line (what the package docstring quotes)."""
-    return "\n".join(f"{r['label']:52s} {r['ratio']:5.2f}" for r in acc["outside_25pct"])
+def failures_table(acc: dict, limit: Optional[int] = None) -> str:
+    """The evaluation points outside +-25%, one a line (what the package docstring quotes: the first
+    ``limit`` of them, then how many more ``python -m sparseattn.roofline accuracy`` lists)."""
+    rows = acc["outside_25pct"]
+    shown = rows if limit is None else rows[:limit]
+    lines = [f"{r['label']:52s} {r['ratio']:5.2f}" for r in shown]
+    if len(shown) < len(rows):
+        lines.append(f"... and {len(rows) - len(shown)} more (python -m sparseattn.roofline accuracy)")
+    return "\n".join(lines)
+
+
+#: The docstring blocks :func:`sync_docstring` rewrites: the line that introduces each, and its contents.
+DOCSTRING_BLOCKS = (("Predicted / measured on the evaluation points::", summary_table),
+                    ("Outside +-25%::", lambda acc: failures_table(acc, DOCSTRING_FAILURES)))
+DOCSTRING_FAILURES = 25
+
+
+def sync_docstring(acc: dict, path=None) -> bool:
+    """Rewrite the accuracy tables of the package docstring (``sparseattn/roofline/__init__.py``) from
+    ``acc``; return whether the file changed. Each table is the indented block after its introducing line."""
+    path = pathlib.Path(path) if path is not None else pathlib.Path(__file__).with_name("__init__.py")
+    text = path.read_text()
+    new = text
+    for intro, make in DOCSTRING_BLOCKS:
+        head = new.index(intro + "\n\n") + len(intro) + 2
+        end = new.index("\n\n", head)  # the block ends at the next blank line
+        new = new[:head] + textwrap.indent(make(acc), "    ") + new[end:]
+    if new != text:
+        path.write_text(new)
+    return new != text
 
 
 def run(bench_dir=None, out: Optional[pathlib.Path] = None, slug: str = "h200", iters: int = 600) -> dict:
@@ -444,9 +531,11 @@ def run(bench_dir=None, out: Optional[pathlib.Path] = None, slug: str = "h200", 
     record["calibration"] = {
         "date": datetime.date.today().isoformat(),
         "files": list(FILES),
+        "evaluation_files": [f for f in EVALUATION_FILES if (pathlib.Path(bench_dir or BENCH_DIR) / f).exists()],
         "rule": role_of.__doc__.strip() + " See sparseattn.roofline.calibrate.",
         "calibration_points": [p.id for p in points if p.role == "calibration"],
         "evaluation_points": [p.id for p in points if p.role == "evaluation"],
+        "repeated_points": [p.id for p in points if p.role == "repeat"],
         "points": rows,
         "accuracy": acc,
     }

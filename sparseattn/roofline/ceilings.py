@@ -16,12 +16,12 @@ import json
 import os
 import pathlib
 import re
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
 import torch
+
+from .timing import graph_step, time_gpu, time_host
 
 __all__ = ["Ceilings", "ceilings", "measure_ceilings", "device_slug", "record_path", "load_record"]
 
@@ -143,26 +143,6 @@ def ceilings(device=None) -> Ceilings:
 
 
 # ---- measuring -------------------------------------------------------------------------------------------
-def _do_bench(fn: Callable) -> float:
-    """Median milliseconds by CUDA events (Triton's do_bench, which flushes L2 between calls)."""
-    import triton.testing
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-
-
-def _wall_ms(fn: Callable, sync: Callable, repeat: int = 50, warmup: int = 5) -> float:
-    """Median wall milliseconds of one call of ``fn`` followed by ``sync()``."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def measure_ceilings(device=None, *, matmul_n: int = 8192, read_bytes: int = 4 << 30, launches: int = 200,
                      timer: Optional[Callable[[Callable], float]] = None,
                      wall_timer: Optional[Callable[[Callable], float]] = None) -> Ceilings:
@@ -180,9 +160,8 @@ def measure_ceilings(device=None, *, matmul_n: int = 8192, read_bytes: int = 4 <
     dev = torch.device(device) if device is not None else torch.device("cuda")
     if (timer is None or wall_timer is None) and dev.type != "cuda":
         raise ValueError(f"measure_ceilings needs a CUDA device (got {dev}) unless timer and wall_timer are given")
-    timer = timer or _do_bench
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    wall_timer = wall_timer or (lambda fn: _wall_ms(fn, sync))
+    timer = timer or (lambda fn: time_gpu(fn, warmup_ms=25, rep_ms=200))
+    wall_timer = wall_timer or (lambda fn: time_host(fn, repeat=50, warmup=5, device=dev))
     sources = {}
     when = datetime.date.today().isoformat()
     where = f"measure_ceilings() on {when}, torch {torch.__version__}"
@@ -236,13 +215,8 @@ def _launch_latency_us(dev: torch.device, launches: int, timer) -> float:
             x.add_(1)
     if dev.type != "cuda":
         return timer(many) * 1e3 / launches
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(dev)
-    stream.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(stream):
-        many()
-    torch.cuda.current_stream(dev).wait_stream(stream)
-    with torch.cuda.graph(graph):
-        many()
+    with torch.cuda.device(dev):
+        graph = graph_step(many)
     return timer(graph.replay) * 1e3 / launches
 
 

@@ -6,19 +6,23 @@ with our calibrated efficiencies, cuDNN with its own (fitted on its recorded row
 """
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from .._checks import check_int
 from ..layout import BlockLayout
 from ..paged import PagedKVCache
 from .. import patterns as P
+from .cases import random_diag_layout
 from .counts import Shape, as_shape
-from .model import Cost, cost
+from .model import IMPLS, Cost, cost
 
-__all__ = ["FAMILIES", "Crossover", "crossover", "Report", "report", "envelope_of", "family_layout"]
+__all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "Report", "report",
+           "envelope_of", "envelope_layout", "family_layout", "family_pattern", "documents_of"]
 
 N_GRID = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384)
 KEEP_GRID = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
@@ -32,7 +36,13 @@ def family_layout(family: str, x, *, N: int = 8192, window: int = 1024, sinks: i
                   device="cpu"):
     """``(layout, envelope, kept)`` of a prefill family at grid value ``x`` (a length for window families, a
     kept fraction for the others): the layout, ``"causal"`` or ``"dense"``, and the fraction of the
-    envelope's cells the pattern keeps."""
+    envelope's cells the pattern keeps.
+
+    * ``"window"``: ``sliding_window(window)`` at length ``x``;
+    * ``"sinks_window"``: ``sinks_window(sinks, window)`` at length ``x``;
+    * ``"block_random"``: at length ``N``, whole tiles kept with probability ``x`` plus the diagonal
+      (:func:`.cases.random_diag_layout`, seed 0; every listed tile full); ``kept`` is what the draw kept;
+    * ``"documents"``: at length ``N``, ``round(1 / x)`` equal documents, causal inside each."""
     if family == "window":
         n = int(x)
         lay = BlockLayout.from_mask_mod(P.sliding_window(window), n, n, block, block, device=device)
@@ -42,16 +52,45 @@ def family_layout(family: str, x, *, N: int = 8192, window: int = 1024, sinks: i
         lay = BlockLayout.from_mask_mod(P.sinks_window(sinks, window), n, n, block, block, device=device)
         return lay, "causal", _sinks_window_cells(n, sinks, window) / _band_cells(n, n)
     if family == "block_random":
-        lay = BlockLayout.from_mask_mod(P.block_random(float(x), block, seed=0), N, N, block, block, device=device)
-        return lay, "dense", float(x)
+        lay = random_diag_layout(N, float(x), block, seed=0, device=device)
+        return lay, "dense", _listed_cells(lay) / float(N * N)
     if family == "documents":
-        n_docs = max(1, round(1 / float(x)))
+        n_docs = documents_of(x)
         doc_ids = torch.arange(N, device=device) * n_docs // N  # equal documents
         mm = P.and_masks(P.causal(), P.document(doc_ids))
         lay = BlockLayout.from_mask_mod(mm, N, N, block, block, device=device)
         lengths = torch.bincount(doc_ids.cpu()).double()
         return lay, "causal", float((lengths * (lengths + 1) / 2).sum()) / _band_cells(N, N)
     raise ValueError(f"family must be one of {sorted(FAMILIES)} (decode has no layout), got {family!r}")
+
+
+def documents_of(keep) -> int:
+    """Equal documents a ``"documents"`` family point at kept fraction ``keep`` has: ``round(1 / keep)``."""
+    return max(1, round(1 / float(keep)))
+
+
+def family_pattern(family: str, x=None, *, window: int = 1024, sinks: int = 64) -> str:
+    """The recorded pattern name of a family point: ``window2048``, ``sinks64+window1024``,
+    ``random0.2+diag``, ``documents5&causal``, ``keep0.10`` (decode)."""
+    if family == "window":
+        return f"window{window}"
+    if family == "sinks_window":
+        return f"sinks{sinks}+window{window}"
+    if family == "block_random":
+        return f"random{float(x):g}+diag"
+    if family == "documents":
+        return f"documents{documents_of(x)}&causal"
+    if family == "decode":
+        return f"keep{float(x):.2f}"
+    raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+
+
+def _listed_cells(layout: BlockLayout) -> float:
+    """Cells inside the listed tiles (clipped to the lengths): for a layout of full tiles, its allowed cells."""
+    rows = torch.clamp(layout.q_len - torch.arange(layout.nq) * layout.block_q, max=layout.block_q).double()
+    cols = torch.clamp(layout.kv_len - torch.arange(layout.nk) * layout.block_k, max=layout.block_k).double()
+    partial, full = (x.cpu() for x in layout.block_classes())
+    return float(((partial | full).double() * rows.view(-1, 1) * cols.view(1, -1)).sum())
 
 
 def _band_cells(n: int, w: int) -> float:
@@ -82,7 +121,10 @@ def envelope_of(layout: BlockLayout) -> str:
     return "causal"
 
 
-def _envelope_layout(kind: str, q_len: int, kv_len: int) -> BlockLayout:
+def envelope_layout(kind: str, q_len: int, kv_len: int) -> BlockLayout:
+    """The layout of an envelope (``"causal"`` or ``"dense"``, 128 tiles, CPU): what cuDNN is priced on."""
+    if kind not in ("causal", "dense"):
+        raise ValueError(f"envelope must be 'causal' or 'dense', got {kind!r}")
     mm = P.causal() if kind == "causal" else P.full()
     return BlockLayout.from_mask_mod(mm, q_len, kv_len, 128, 128, device="cpu")
 
@@ -122,8 +164,19 @@ class Crossover:
         return head + "\n" + "\n".join(rows)
 
 
-def _cross(grid: Sequence[float], ours: Sequence[float], dense: Sequence[float], variable: str):
-    """Interpolated crossover of ``ours < dense`` along the grid."""
+def crossing(grid: Sequence[float], ours: Sequence[float], dense: Sequence[float], variable: str):
+    """Where ``ours`` drops below ``dense`` for good along an ascending ``grid``: ``(value, state)``.
+
+    ``variable="N"``: the length above which ours stays faster, interpolated on the log of the time ratio
+    against log N between the last grid point where ours loses and the next one. ``"keep"``: the kept
+    fraction below which ours stays faster (between the sparsest point where ours loses and the point
+    before it). ``state``: ``"crosses"``, ``"always"`` (ours faster at every grid point) or ``"never"``
+    (no such value inside the grid: ours loses at the longest length, or at the sparsest fraction)."""
+    if len(grid) != len(ours) or len(grid) != len(dense) or not grid:
+        raise ValueError(f"grid, ours and dense must have one value per grid point, got {len(grid)}, {len(ours)}, "
+                         f"{len(dense)}")
+    if variable not in ("N", "keep"):
+        raise ValueError(f"variable must be 'N' or 'keep', got {variable!r}")
     r = [math.log(o / d) for o, d in zip(ours, dense)]  # < 0: ours faster
     wins = [x < 0 for x in r]
     if all(wins):
@@ -174,7 +227,7 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
         ours = [cost(None, s, "decode", keep=k, graph=graph, device=device) for k in grid]
         o = [c.predicted_ms for c in ours]
         d = [dense.predicted_ms] * len(grid)
-        value, state = _cross(grid, o, d, variable)
+        value, state = crossing(grid, o, d, variable)
         return Crossover(family, "decode", variable, "dense", grid, grid, o, d, [None] * len(grid), value, state,
                          bounds=[c.bound for c in ours])
     if pass_ not in ("fwd", "bwd"):
@@ -188,14 +241,14 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
         o.append(ours.predicted_ms)
         bounds.append(ours.bound)
         f.append(cost(lay, s, pass_, impl="flex", device=device).predicted_ms)
-        d.append(cost(_envelope_layout(env, lay.q_len, lay.kv_len), s, pass_, impl="cudnn",
+        d.append(cost(envelope_layout(env, lay.q_len, lay.kv_len), s, pass_, impl="cudnn",
                       device=device).predicted_ms)
         kept.append(k)
     if variable == "keep":  # interpolate on the fraction the layouts really keep (documents round to 1/n)
         first = sorted({k: i for i, k in reversed(list(enumerate(kept)))}.values())
         grid, kept, o, d, f, bounds = ([xs[i] for i in first] for xs in (kept, kept, o, d, f, bounds))
-    value, state = _cross(grid, o, d, variable)
-    fvalue, fstate = _cross(grid, f, d, variable)
+    value, state = crossing(grid, o, d, variable)
+    fvalue, fstate = crossing(grid, f, d, variable)
     return Crossover(family, pass_, variable, env, grid, kept, o, d, f, value, state, fvalue, fstate, bounds)
 
 
@@ -203,7 +256,10 @@ def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Seq
 @dataclass
 class Report:
     """Will sparse be faster here? Predicted (and, with ``measure=True`` on a GPU, measured) times of ours,
-    FlexAttention and cuDNN on the envelope; the verdict and our dominant term."""
+    FlexAttention and cuDNN on the envelope; the verdict, our speedup over cuDNN (measured when measured,
+    else predicted), the dominant term of our cost, and the three costs (:class:`~.model.Cost`) with every term.
+
+    ``str(report)`` is a small text table; in a notebook the report shows as an HTML table."""
 
     what: str
     pass_: str
@@ -213,17 +269,49 @@ class Report:
     costs: Dict[str, Cost]
     verdict: str
     dominant: str
+    speedup: float = float("nan")  #: cuDNN time / our time (> 1: sparse faster)
+    source: str = "predicted"  #: where ``speedup`` comes from: ``"predicted"`` or ``"measured"``
+
+    @property
+    def faster(self) -> bool:
+        """Whether our kernel beats cuDNN on the envelope here."""
+        return self.speedup > 1
+
+    def rows(self) -> List[dict]:
+        """One dict per implementation: predicted and measured ms, the bound and the terms (ms)."""
+        out = []
+        for impl in IMPLS:
+            c = self.costs.get(impl)
+            out.append({"impl": impl, "predicted_ms": self.predicted.get(impl), "measured_ms": self.measured.get(impl),
+                        "bound": c.bound if c else None, **({f"{k}_ms": v for k, v in c.terms.items()} if c else {})})
+        return out
+
+    def as_dict(self) -> dict:
+        return {"what": self.what, "pass": self.pass_, "envelope": self.envelope, "verdict": self.verdict,
+                "dominant": self.dominant, "speedup": self.speedup, "source": self.source, "rows": self.rows()}
 
     def __str__(self) -> str:
         lines = [f"{self.what} ({self.pass_}); envelope: {self.envelope} cuDNN",
                  f"{'impl':12s} {'predicted ms':>13s} {'measured ms':>12s}  bound"]
-        for impl in ("sparseattn", "flex", "cudnn"):
-            p, m = self.predicted.get(impl), self.measured.get(impl)
-            c = self.costs.get(impl)
-            lines.append(f"{impl:12s} {'-' if p is None else format(p, '13.4g'):>13s} "
-                         f"{'-' if m is None else format(m, '12.4g'):>12s}  {c.bound if c else '-'}")
-        lines.append(f"verdict: {self.verdict}; our dominant term: {self.dominant}")
+        for r in self.rows():
+            p, m = r["predicted_ms"], r["measured_ms"]
+            lines.append(f"{r['impl']:12s} {'-' if p is None else format(p, '13.4g'):>13s} "
+                         f"{'-' if m is None else format(m, '12.4g'):>12s}  {r['bound'] or '-'}")
+        lines.append(f"verdict: {self.verdict}")
+        lines.append(f"our dominant term: {self.dominant}")
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        def cell(x):
+            return "-" if x is None else (f"{x:.4g}" if isinstance(x, float) else html.escape(str(x)))
+        head = "".join(f"<th>{h}</th>" for h in ("impl", "predicted ms", "measured ms", "bound", "compute ms",
+                                                  "memory ms", "launch ms"))
+        body = "".join("<tr>" + "".join(f"<td>{cell(r.get(k))}</td>" for k in (
+            "impl", "predicted_ms", "measured_ms", "bound", "compute_ms", "memory_ms", "launch_ms")) + "</tr>"
+            for r in self.rows())
+        return (f"<p><b>{html.escape(self.what)}</b> ({self.pass_}); envelope: {self.envelope} cuDNN</p>"
+                f"<table><tr>{head}</tr>{body}</table><p>verdict: {html.escape(self.verdict)}; our dominant term: "
+                f"{html.escape(self.dominant)}</p>")
 
 
 def _dominant(c: Cost) -> str:
@@ -233,13 +321,34 @@ def _dominant(c: Cost) -> str:
     return f"{name} {terms[name]:.3g} ms of {c.predicted_ms:.3g}"
 
 
+def _named_layout(name: str, N: Optional[int]) -> BlockLayout:
+    from .cases import PREFILL_PATTERNS, prefill_layout
+    if name not in ["dense"] + PREFILL_PATTERNS:
+        raise ValueError(f"a pattern name must be one of {['dense'] + PREFILL_PATTERNS} (or pass a mask_mod or a "
+                         f"BlockLayout), got {name!r}")
+    if N is None:
+        raise ValueError("a pattern needs N (the sequence length)")
+    check_int("N", N)
+    return prefill_layout(name, N, 128, device="cpu")
+
+
 def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str = "fwd", keep: Optional[float] = None,
            pages=None, routing=None, rebuild_layout: bool = False, measure: bool = False, device=None) -> Report:
-    """Predicted times of ours, FlexAttention and cuDNN (on the envelope) for one pattern and shape.
+    """Will sparse be faster here? Predicted times of ours, FlexAttention and cuDNN (on the pattern's envelope)
+    for one pattern and shape, the verdict and our dominant term; with ``measure=True`` (CUDA) also the
+    measured times, which then decide the verdict.
 
-    ``pattern_or_layout``: a mask_mod (with ``N``, the sequence length), a :class:`BlockLayout`, or, for
-    ``pass_="decode"``, a :class:`PagedKVCache` or None (with ``keep`` or ``pages``). ``measure=True`` also
-    times the three on the GPU (random inputs; needs CUDA)."""
+    ``pattern_or_layout``: a mask_mod (with ``N``, the sequence length, 128 x 128 tiles), a recorded pattern
+    name (``"causal"``, ``"window1024"``, ``"sinks64+window1024"``, ``"random10%+diag"``, with ``N``), a
+    :class:`BlockLayout`, or, for ``pass_="decode"``, a :class:`PagedKVCache` or None (with ``keep`` or
+    ``pages``). ``shape``: a :class:`~.counts.Shape` or dict (default: B=1, 16 heads, D=128, bf16 for
+    prefill; B=8, 32/8 heads, 128k tokens for decode). ``routing``: the routing step's time in ms (added to
+    ours); ``rebuild_layout=True`` adds building the layout every call.
+
+    Raises ValueError/TypeError naming the argument: an unknown pass, a pattern without ``N``, ``measure``
+    without CUDA."""
+    if pass_ not in ("fwd", "bwd", "decode"):
+        raise ValueError(f"pass_ must be 'fwd', 'bwd' or 'decode', got {pass_!r}")
     if measure and not torch.cuda.is_available():
         raise ValueError("measure=True needs a CUDA GPU; with measure=False the report is predicted only")
     if pass_ == "decode":
@@ -262,19 +371,23 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
         mask = getattr(layout.mask_mod, "__name__", None) or ("tile bits" if layout.tile_bits is not None
                                                               else "block mask")
         name = f"layout ({mask}) Lq={layout.q_len} Lk={layout.kv_len}"
+    elif isinstance(pattern_or_layout, str):
+        layout = _named_layout(pattern_or_layout, N)
+        name = f"{pattern_or_layout} N={N}"
     elif callable(pattern_or_layout):
         if N is None:
             raise ValueError("a pattern needs N (the sequence length)")
+        check_int("N", N)
         layout = BlockLayout.from_mask_mod(pattern_or_layout, N, N, 128, 128, device="cpu")
         name = f"{getattr(pattern_or_layout, '__name__', 'pattern')} N={N}"
     else:
-        raise TypeError(f"pattern_or_layout must be a mask_mod, a BlockLayout or (decode) a PagedKVCache, got "
-                        f"{type(pattern_or_layout).__name__}")
+        raise TypeError(f"pattern_or_layout must be a mask_mod, a pattern name, a BlockLayout or (decode) a "
+                        f"PagedKVCache, got {type(pattern_or_layout).__name__}")
     s = as_shape(shape) if shape is not None else PREFILL_SHAPE
     env = envelope_of(layout)
     ours = cost(layout, s, pass_, routing=routing, rebuild_layout=rebuild_layout, device=device)
     flex = cost(layout, s, pass_, impl="flex", device=device)
-    dense = cost(_envelope_layout(env, layout.q_len, layout.kv_len), s, pass_, impl="cudnn", device=device)
+    dense = cost(envelope_layout(env, layout.q_len, layout.kv_len), s, pass_, impl="cudnn", device=device)
     costs = {"sparseattn": ours, "flex": flex, "cudnn": dense}
     predicted = {k: c.predicted_ms for k, c in costs.items()}
     measured = {"sparseattn": None, "flex": None, "cudnn": None}
@@ -286,8 +399,11 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
 
 def _finish(what, pass_, env, predicted, measured, costs) -> Report:
     use = measured if measured.get("sparseattn") is not None and measured.get("cudnn") is not None else predicted
-    ratio = use["cudnn"] / use["sparseattn"]
     src = "measured" if use is measured else "predicted"
-    verdict = (f"sparse is faster here ({src} {ratio:.2f}x over {env} cuDNN)" if ratio > 1 else
-               f"dense is faster here ({env} cuDNN {src} {1 / ratio:.2f}x faster)")
-    return Report(what, pass_, env, predicted, measured, costs, verdict, _dominant(costs["sparseattn"]))
+    ratio = use["cudnn"] / use["sparseattn"]
+    verdict = (f"sparse is faster here ({src} {ratio:.2f}x over {env} cuDNN" if ratio > 1 else
+               f"dense is faster here ({env} cuDNN {src} {1 / ratio:.2f}x faster")
+    if use.get("flex") is not None:
+        verdict += f"; FlexAttention {use['cudnn'] / use['flex']:.2f}x"
+    verdict += ")"
+    return Report(what, pass_, env, predicted, measured, costs, verdict, _dominant(costs["sparseattn"]), ratio, src)

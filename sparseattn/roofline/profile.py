@@ -23,7 +23,8 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 
 import torch
 
-__all__ = ["StepProfile", "profile_step", "KERNEL_PATTERNS", "ROUTE_PATTERNS", "bucket_of", "busy_ms"]
+__all__ = ["StepProfile", "profile_step", "KERNEL_PATTERNS", "ROUTE_PATTERNS", "bucket_of", "busy_ms",
+           "example_steps"]
 
 KERNEL_PATTERNS = (r"sparse_fwd_kernel", r"dkdv_kernel", r"dq_kernel", r"decode_split_kernel",
                    r"merge_splits_kernel")
@@ -69,6 +70,11 @@ class StepProfile:
     buckets: Dict[str, float]
     kernels: List[tuple] = field(default_factory=list)
     device: str = "cuda"
+
+    def as_dict(self, top: int = 20) -> dict:
+        """JSON-ready: the totals, the buckets and the ``top`` device kernels by time."""
+        return {"wall_ms": self.wall_ms, "device_busy_ms": self.device_busy_ms, "buckets": dict(self.buckets),
+                "device": self.device, "kernels": [list(k) for k in sorted(self.kernels, key=lambda x: -x[2])[:top]]}
 
     def __str__(self) -> str:
         lines = [f"step: {self.wall_ms:.4g} ms wall, device busy {self.device_busy_ms:.4g} ms ({self.device})"]
@@ -127,3 +133,39 @@ def _is_device(e) -> bool:
     return dt is not None and getattr(dt, "name", str(dt)).upper().endswith(("CUDA", "PRIVATEUSE1")) \
         and e.time_range.end > e.time_range.start
 
+
+
+def example_steps(device="cuda", *, N: int = 16384, heads: int = 16, head_dim: int = 128, dtype=torch.bfloat16,
+                  batch: int = 8, seq_len: int = 32768, page_size: int = 16, keep: float = 0.1) -> Dict[str, tuple]:
+    """The two steps the book profiles, as ``name -> (fn, description)`` with ``fn`` taking no argument:
+
+    * a training step of ``sinks_window(64, 1024)`` attention at length ``N``: the layout built inside the
+      step (as a model that builds its mask every step), forward and backward;
+    * a decode step: :func:`~sparseattn.select_pages` keeping ``keep`` of the pages, then
+      :func:`~sparseattn.sparse_decode`, eager, ``batch`` sequences of ``seq_len`` tokens, 32 query and 8
+      KV heads."""
+    from .. import patterns as P
+    from ..layout import BlockLayout
+    from ..ops import sparse_attention, sparse_decode
+    from ..routing import select_pages
+    from .cases import decode_setup
+    dev = torch.device(device)
+    q, k, v = (torch.randn(1, heads, N, head_dim, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn(1, heads, N, head_dim, device=dev, dtype=dtype)
+
+    def train_step():
+        layout = BlockLayout.from_mask_mod(P.sinks_window(64, 1024), N, N, 128, 128, device=dev)
+        sparse_attention(q, k, v, layout).backward(do)
+
+    _, _, cache, qd = decode_setup(batch, seq_len, page_size, 32, 8, head_dim, dtype, device=dev)
+    topk = max(1, round(keep * -(-seq_len // page_size)))
+
+    def decode_step():
+        sparse_decode(qd, cache, pages=select_pages(qd, cache, topk))
+
+    return {f"train_step_sinks64+window1024_N{N}": (train_step, f"layout build + forward + backward, "
+                                                               f"sinks64+window1024, B=1, H={heads}, N={N}, "
+                                                               f"D={head_dim}"),
+            f"decode_step_keep{keep:.2f}_L{seq_len}": (decode_step, f"select_pages + sparse_decode (eager), "
+                                                                     f"B={batch}, 32/8 heads, L={seq_len}, "
+                                                                     f"page size {page_size}, keep {keep:.2f}")}

@@ -1,0 +1,634 @@
+"""Suite ``crossover``: where a sparse pattern starts to beat an optimized dense kernel, measured beside the
+cost model's prediction.
+
+Families (the layouts of :func:`sparseattn.roofline.crossover.family_layout`, 128 x 128 tiles, bf16, B=1,
+``--heads`` heads of ``--head-dim``):
+
+* along the length (``--n``, default N = 1k, 1.5k, 2k, 3k, 4k, 6k, 8k, 16k): ``window`` (a 2048-token
+  sliding window: at N <= 2048 it is the causal mask, then its density falls as 1/N) and ``sinks_window``
+  (64 sinks + a 1024-token window), both against causal cuDNN;
+* along the kept fraction at several lengths (``--keep-n``; forward 2k, 4k, 8k, 16k, backward 4k, 16k):
+  ``block_random`` (whole tiles kept at random plus the diagonal; against dense cuDNN) and ``documents``
+  (16, 8, 4, 2 or 1 equal documents, causal inside each; against causal cuDNN);
+* ``routing`` (when :func:`sparseattn.routing.route` exists): layouts routed on the device from the
+  inputs, top-k key tiles per query tile, with the routing time recorded beside the attention;
+* decode (``--part decode``): the kept fraction of pages at B=4, L=64k and B=16, L=16k (32 query / 8 KV
+  heads, D=128, page size 16): our decode in a CUDA graph against cuDNN dense decode on contiguous K/V, and
+  the selected step (select + decode, one graph).
+
+Every row of ours, FlexAttention (compiled on the same block mask) and cuDNN carries ``predicted_ms`` from
+:func:`sparseattn.roofline.cost` with the packaged H200 model, computed before the measurement. The model
+was fitted on other layouts and shapes (causal and 1024-token windows at N >= 4k, decode at B = 8 and 32),
+so every point here is an out-of-sample prediction. The naive masked-dense attention is timed for the
+length families where its scores fit (``--naive-max-bytes``), as chapter 1 shows it.
+
+One run must fit in a 10-minute GPU slot: ``--part fwd,decode`` and ``--part bwd`` are separate runs,
+``--merge FILE`` keeps the other parts' rows of an earlier file of the same device, and ``--budget-s``
+bounds the run (decode, which compiles nothing, runs first). FlexAttention compiles once per length and
+pattern (``dynamic=False``; counted with a counting ``torch.compile`` backend: a new length or a new
+constant in a mask_mod recompiles, a kept fraction of block-random tiles or a document count at the same
+length does not), so the grid needs 24 forward and 20 backward compiles. Each prefill part therefore first
+measures ours, cuDNN and naive on every point, then FlexAttention point by point (families in turn, each
+from the ends of its grid inwards) while the time left covers another compile; a point it could not reach
+is recorded with ``ms: null`` and the reason. The JSON is rewritten after every point (a crash keeps the
+finished rows). The table printed last is the interpolated crossover per family and pass (and length, for
+the kept-fraction families): measured for ours and for FlexAttention, and predicted for ours.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from ..ops import sparse_attention, sparse_decode
+from ..roofline import cost
+from ..roofline.cases import decode_setup
+from ..roofline.counts import Shape
+from ..roofline.crossover import (KEEP_GRID, N_GRID, crossing, envelope_layout, envelope_of, family_layout,
+                                  family_pattern)
+from ..routing import select_pages
+from . import _common as C
+from .record import BenchFile, Impl, Pass, Record, load_path
+
+NAME = "crossover"
+DEFAULT_N = ",".join(str(n) for n in N_GRID)
+CONFIG_KIND = None  # no config sweep
+PARTS = ("fwd", "bwd", "decode")
+COLUMNS = ["family", "pass", "N", "variable", "ours", "flex", "ours_predicted", "points", "pred/meas"]
+
+#: families measured along the length, with their pattern parameters
+LENGTH_FAMILIES: Dict[str, dict] = {"window": {"window": 2048}, "sinks_window": {"sinks": 64, "window": 1024}}
+#: families measured along the kept fraction, with their grids (documents: 16, 8, 4, 2, 1 documents)
+KEEP_FAMILIES: Dict[str, tuple] = {"block_random": (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0),
+                                   "documents": (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)}
+#: lengths of the kept-fraction families, per pass
+KEEP_N = {"fwd": (2048, 4096, 8192, 16384), "bwd": (4096, 16384)}
+#: top-k key tiles per query tile of the routing family, as fractions of the tiles of a row
+ROUTING_KEEPS = (0.05, 0.1, 0.2, 0.3, 0.5)
+#: decode: (batch, tokens per sequence); heads, head dim, page size; kept fractions of the pages
+DECODE_SHAPES = ((4, 65536), (16, 16384))
+DECODE_HQ, DECODE_HKV, DECODE_D, PAGE_SIZE = 32, 8, 128, 16
+DECODE_KEEPS = KEEP_GRID
+#: the example steps profiled in the decode part (chapter 9 shows where their time goes)
+PROFILE = dict(N=16384, batch=8, seq_len=32768)
+#: first guesses of one FlexAttention compile + timing (s), replaced by the slowest seen in the run
+FLEX_GUESS_S = {"fwd": 30.0, "bwd": 60.0}
+#: seconds kept free at the end of the budget to write the file and print the table
+RESERVE_S = 15.0
+DTYPE, DTYPE_NAME = torch.bfloat16, "bf16"
+DECODE_PASSES = {Pass.DECODE_GRAPH, Pass.DECODE_DENSE, Pass.SELECT_DECODE_GRAPH}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bookkeeping
+# ---------------------------------------------------------------------------------------------------------
+class Budget:
+    """Seconds left of the run's budget (``clock`` is replaceable for tests)."""
+
+    def __init__(self, seconds: float, clock=time.monotonic):
+        self.seconds, self.clock, self.t0 = float(seconds), clock, clock()
+
+    def left(self) -> float:
+        return self.seconds - (self.clock() - self.t0)
+
+    def allows(self, estimate_s: float) -> bool:
+        return self.left() - RESERVE_S > estimate_s
+
+
+def part_of(r: Record) -> str:
+    """The part of the suite a row belongs to (its ``part`` field)."""
+    return r.get("part", "decode" if r.pass_ in DECODE_PASSES else r.pass_)
+
+
+#: the order parts run in: decode first (no compiles, a few seconds), so a forward or backward part whose
+#: FlexAttention compiles spend the budget cannot crowd it out
+RUN_ORDER = ("decode", "fwd", "bwd")
+
+
+def parts_of(spec: str) -> List[str]:
+    """The parts ``--part`` names (``"all"``: every part), in :data:`RUN_ORDER`."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if parts == ["all"]:
+        parts = list(PARTS)
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise ValueError(f"--part must be 'all' or a comma-separated subset of {PARTS}, got {spec!r}")
+    return [p for p in RUN_ORDER if p in parts]
+
+
+def merged_rows(path: Optional[str], parts: List[str], device: str) -> tuple:
+    """``(records, meta)`` of an earlier crossover file: its rows of the parts not being measured now, and the
+    meta they bring (``parts``: when each was measured; ``profiles``, recorded with the decode part)."""
+    if not path:
+        return [], {"parts": {}}
+    old = load_path(path)
+    if old.suite != NAME:
+        raise ValueError(f"--merge expects a {NAME!r} file, got suite {old.suite!r} ({path})")
+    if old.meta["device"] != device:
+        raise ValueError(f"--merge: {path} was measured on {old.meta['device']!r}, this run is on {device!r}")
+    keep = [r for r in old.records if part_of(r) not in parts]
+    meta = {"parts": {p: m for p, m in old.meta.get("parts", {}).items() if p not in parts}}
+    if "decode" not in parts and "profiles" in old.meta:
+        meta["profiles"] = old.meta["profiles"]
+    return keep, meta
+
+
+def _base(N: int, args) -> dict:
+    return {"N": N, "B": 1, "H": args.heads, "D": args.head_dim, "dtype": DTYPE_NAME}
+
+
+def _pred(c) -> dict:
+    return {"predicted_ms": c.predicted_ms, "predicted_bound": c.bound}
+
+
+class _Run:
+    """The state of one suite run: records (merged ones first), inputs per length, the output file."""
+
+    def __init__(self, args, env: dict, merged: List[Record], merged_meta: dict):
+        self.args, self.env, self.dev = args, env, args.device
+        self.records: List[Record] = list(merged)
+        self.meta = {**merged_meta, "families": {
+            **{f: dict(p, variable="N") for f, p in LENGTH_FAMILIES.items()},
+            **{f: {"variable": "keep", "grid": list(g)} for f, g in KEEP_FAMILIES.items()},
+            "decode": {"variable": "keep", "grid": list(DECODE_KEEPS), "shapes": [list(s) for s in DECODE_SHAPES]}}}
+        self.shape = Shape(B=1, Hq=args.heads, Hkv=args.heads, D=args.head_dim, dtype=DTYPE)
+        self.inputs: Dict[tuple, tuple] = {}
+        self.dense: Dict[tuple, float] = {}
+        self.flex_seen: Dict[str, List[float]] = {"fwd": [], "bwd": []}  # first-call seconds observed
+        self.flex_compiled: set = set()  # (pass, family, N): a kept fraction or document count reuses it
+        self.budget = Budget(args.budget_s)
+
+    def flex_estimate(self, pass_: str, key: tuple = ()) -> float:
+        """Seconds one more FlexAttention point may take: a timing when ``key`` (pass, family, N) compiled
+        already, else the slowest of the last three first calls of this pass (each a compile) plus the timing,
+        or a first guess before any."""
+        if key in self.flex_compiled:
+            return 3.0
+        seen = self.flex_seen[pass_][-3:]  # the first compile of a process also warms Inductor up
+        return 1.2 * max(seen) + 2.0 if seen else FLEX_GUESS_S[pass_]
+
+    def add(self, r: Record) -> None:
+        self.records.append(r)
+
+    def save(self) -> None:
+        C.write_json(NAME, self.records, self.args.out, self.env, meta=self.meta)
+
+    def qkv(self, N: int, grad: bool):
+        key = (N, grad)
+        if key not in self.inputs:
+            g = torch.Generator(device=self.dev).manual_seed(N)
+            B, H, D = 1, self.args.heads, self.args.head_dim
+            t = [torch.randn(B, H, N, D, device=self.dev, dtype=DTYPE, generator=g) for _ in range(4)]
+            q, k, v = (x.requires_grad_(grad) for x in t[:3])
+            self.inputs[key] = (q, k, v, t[3])
+        return self.inputs[key]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the points of a prefill part
+# ---------------------------------------------------------------------------------------------------------
+def points(pass_: str, args) -> List[dict]:
+    """Every prefill point of a pass: ``{"family", "x", "N", "params"}`` (``x``: the grid value)."""
+    families = args.families.split(",") if args.families else None
+    out = []
+    Ns = [int(x) for x in args.n.split(",")] if args.n else list(N_GRID)
+    for fam, params in LENGTH_FAMILIES.items():
+        if families is None or fam in families:
+            out += [{"family": fam, "x": N, "N": N, "params": params} for N in Ns]
+    keep_n = [int(x) for x in args.keep_n.split(",")] if args.keep_n else list(KEEP_N[pass_])
+    for fam, grid in KEEP_FAMILIES.items():
+        if families is None or fam in families:
+            out += [{"family": fam, "x": x, "N": N, "params": {}} for N in keep_n for x in grid]
+    return out
+
+
+def _layout_of(pt: dict):
+    """CPU layout, envelope, kept fraction and the recorded case fields of a point."""
+    lay, env, kept = family_layout(pt["family"], pt["x"], N=pt["N"], **pt["params"])
+    st = lay.stats()
+    case = {"family": pt["family"], "pattern": family_pattern(pt["family"], pt["x"], **pt["params"]),
+            **pt["params"], "envelope": env, "kept": kept, "block": 128, "tiles": st["listed_tiles"],
+            "full_tiles": st["full_tiles"], "partial_tiles": st["partial_tiles"],
+            "logical_density": st["logical_density"], "tile_amplification": st["tile_amplification"]}
+    if pt["family"] in KEEP_FAMILIES:
+        case["keep"] = pt["x"]
+    return lay, env, case
+
+
+def _timed(run: _Run, pass_: str, fn, q, k, v, do) -> float:
+    """Median ms of the forward, or of the backward alone (gradients from one kept forward)."""
+    if pass_ == "fwd":
+        return C.time_gpu(fn)
+    return C.time_gpu(C.grad_fn(fn, (q, k, v), do))
+
+
+def _dense_row(run: _Run, pass_: str, N: int, env: str) -> None:
+    """cuDNN on the envelope at length N, once per (pass, N, envelope)."""
+    if (pass_, N, env) in run.dense:
+        return
+    q, k, v, do = run.qkv(N, pass_ == "bwd")
+    case = {**_base(N, run.args), "pattern": env, "envelope": env}
+    pred = _pred(cost(envelope_layout(env, N, N), run.shape, pass_, impl="cudnn"))
+    try:
+        ms = _timed(run, pass_, C.sdpa_fn(q, k, v, "cudnn", env == "causal"), q, k, v, do)
+    except RuntimeError as e:  # the backend refused the shape
+        C.note(f"cudnn {env} N={N} {pass_}: {e}")
+        run.add(Record(case, Impl.CUDNN, pass_, None, {**pred, "part": pass_, "error": str(e)[:200]}))
+        run.dense[(pass_, N, env)] = None
+        return
+    run.dense[(pass_, N, env)] = ms
+    run.add(Record(case, Impl.CUDNN, pass_, ms, {**pred, "part": pass_}))
+
+
+def _ours_rows(run: _Run, pass_: str, pt: dict) -> None:
+    """Ours (and, forward on the length families, naive masked dense) at one point."""
+    args = run.args
+    N = pt["N"]
+    lay, env, case = _layout_of(pt)
+    case = {**_base(N, args), **case}
+    pt.update(case=case, layout=lay, envelope=env)
+    _dense_row(run, pass_, N, env)
+    q, k, v, do = run.qkv(N, pass_ == "bwd")
+    # the kernels get the layout built on their device (a document mask then holds its ids there, for our
+    # kernel and for FlexAttention's compiled mask_mod alike); the model prices the CPU copy
+    dev_lay = pt["device_layout"] = lay if torch.device(run.dev).type == "cpu" else \
+        family_layout(pt["family"], pt["x"], N=N, device=run.dev, **pt["params"])[0]
+    tiles = int(dev_lay.kv_count.sum() + dev_lay.full_count.sum())
+    if tiles != case["tiles"]:
+        raise AssertionError(f"{case['pattern']} N={N}: {tiles} tiles on {run.dev}, {case['tiles']} on the CPU")
+    ms = _timed(run, pass_, lambda: sparse_attention(q, k, v, dev_lay), q, k, v, do)
+    flops = C.tile_flops(lay, args.heads, args.head_dim) * (1.0 if pass_ == "fwd" else 3.5)
+    run.add(Record(case, Impl.OURS, pass_, ms, {**_pred(cost(lay, run.shape, pass_)), "part": pass_,
+                                                "tile_tflops": flops / ms / 1e9}))
+    if pass_ == "fwd" and pt["family"] in LENGTH_FAMILIES and 1 * args.heads * N * N * 2 * 3 <= args.naive_max_bytes:
+        mask = dev_lay.to_dense()
+        run.add(Record(case, Impl.NAIVE, pass_, C.time_gpu(C.naive_fn(q, k, v, mask)), {"part": pass_}))
+        del mask
+
+
+def _flex_row(run: _Run, pass_: str, pt: dict) -> None:
+    """FlexAttention at one point (compiled on the point's block mask), if the budget covers a compile."""
+    case, lay = pt["case"], pt["layout"]
+    extra = {**_pred(cost(lay, run.shape, pass_, impl="flex")), "part": pass_}
+    # a kept fraction or a document count at a compiled length does not recompile; a window's length does
+    key = (pass_, pt["family"], pt["N"]) if pt["family"] in KEEP_FAMILIES else (pass_, case["pattern"], pt["N"])
+    estimate = run.flex_estimate(pass_, key)
+    if not run.budget.allows(estimate):
+        run.add(Record(case, Impl.FLEX, pass_, None, {**extra, "error": f"skipped: {run.budget.left():.0f} s left of "
+                                                      f"the time budget, a compile takes up to {estimate:.0f} s"}))
+        return
+    q, k, v, do = run.qkv(pt["N"], pass_ == "bwd")
+    t0 = time.perf_counter()
+    try:
+        fn = C.flex_fn(q, k, v, pt["device_layout"].to_flex())
+        out = fn()  # compiles
+        if pass_ == "bwd":
+            torch.autograd.grad(out, (q, k, v), do)  # compiles the backward
+        C.synchronize(run.dev)
+        first = time.perf_counter() - t0
+        ms = _timed(run, pass_, fn, q, k, v, do)
+    except Exception as e:  # a compile or launch failure is recorded, not fatal
+        C.note(f"flex {case['pattern']} N={pt['N']} {pass_}: {type(e).__name__}: {str(e)[:160]}")
+        run.add(Record(case, Impl.FLEX, pass_, None, {**extra, "error": f"{type(e).__name__}: {str(e)[:200]}"}))
+        return
+    if key not in run.flex_compiled:
+        run.flex_seen[pass_].append(first)
+        run.flex_compiled.add(key)
+    run.add(Record(case, Impl.FLEX, pass_, ms, {**extra, "first_call_s": first}))
+
+
+def _routing_rows(run: _Run, pass_: str) -> None:
+    """The routing family, when :func:`sparseattn.routing.route` exists: top-k key tiles per query tile chosen
+    on the device from the inputs (causal), timed apart from the attention on the layout it returns (a
+    ``route`` row beside each attention row; the attention's prediction leaves routing out, as its time
+    does). A failure anywhere in the family is noted and ends the family, not the run."""
+    from .. import routing
+    route = getattr(routing, "route", None)
+    if route is None:
+        C.note("routing family skipped: sparseattn.routing has no route() yet")
+        return
+    args = run.args
+    for N in ([int(x) for x in args.keep_n.split(",")] if args.keep_n else KEEP_N[pass_]):
+        q, k, v, do = run.qkv(N, pass_ == "bwd")
+        nk = math.ceil(N / 128)
+        for x in ROUTING_KEEPS:
+            if not run.budget.allows(0.0):
+                C.note(f"time budget spent: routing N={N} not measured")
+                return
+            topk = max(1, round(x * nk))
+            step = lambda: route(q.detach(), k.detach(), 128, 128, topk=topk, causal=True)  # noqa: E731
+            try:
+                lay = step()
+                ms_route = C.time_gpu(step)
+                cpu = lay.to("cpu")
+                env = envelope_of(cpu)
+                st = cpu.stats()
+                env_cells = N * (N + 1) / 2 if env == "causal" else float(N * N)
+                case = {**_base(N, args), "family": "routing", "pattern": f"route_top{topk}", "keep": x,
+                        "topk": topk, "envelope": env, "kept": st["logical_edges"] / (cpu.B * cpu.H * env_cells),
+                        "block": 128, "tiles": st["listed_tiles"], "logical_density": st["logical_density"]}
+                pred = _pred(cost(cpu, run.shape, pass_))
+                ms = _timed(run, pass_, lambda: sparse_attention(q, k, v, lay), q, k, v, do)
+            except Exception as e:  # an interface this hook does not know yet: say so, measure the rest
+                C.note(f"routing family stopped: {type(e).__name__}: {str(e)[:160]}")
+                return
+            run.add(Record(case, Impl.OURS, Pass.ROUTE, ms_route, {"part": pass_}))
+            _dense_row(run, pass_, N, env)
+            run.add(Record(case, Impl.OURS, pass_, ms, {**pred, "part": pass_, "route_ms": ms_route}))
+            run.save()
+
+
+def prefill_part(run: _Run, pass_: str, bar) -> None:
+    """Ours, naive and cuDNN on every point first (no compiles), then FlexAttention while the budget lasts."""
+    pts = points(pass_, run.args)
+    for pt in pts:
+        if not run.budget.allows(0.0):
+            C.note(f"time budget spent: {pass_} point {pt['family']} x={pt['x']} N={pt['N']} not measured")
+            continue
+        bar.set_postfix_str(f"{pass_} {pt['family']} x={pt['x']:g} N={pt['N']}")
+        _ours_rows(run, pass_, pt)
+        run.save()
+        bar.update()
+    if not run.args.families or "routing" in run.args.families.split(","):
+        _routing_rows(run, pass_)
+    if run.args.no_flex:
+        return
+    # FlexAttention: one point of each family in turn, each family's points from the ends of its grid
+    # inwards, so a budget cut leaves every family points across its whole range
+    by_family: Dict[str, list] = {}
+    for pt in pts:
+        if "case" in pt:
+            by_family.setdefault(pt["family"], []).append(pt)
+    spread = [[pts_[i] for i in spread_order(len(pts_))] for pts_ in by_family.values()]
+    order = [pt for group in zip_longest_lists(spread) for pt in group]
+    for pt in order:
+        bar.set_postfix_str(f"{pass_} flex {pt['family']} x={pt['x']:g} N={pt['N']}")
+        _flex_row(run, pass_, pt)
+        run.save()
+        bar.update()
+
+
+def spread_order(n: int) -> List[int]:
+    """``0 .. n-1`` ordered so that every prefix covers the range evenly: both ends, then the middle, then
+    the middles of the halves, ... (``spread_order(5) == [0, 4, 2, 1, 3]``)."""
+    if n <= 0:
+        return []
+    order, seen, spans = [0], {0}, [(0, n - 1)]
+    if n > 1:
+        order.append(n - 1)
+        seen.add(n - 1)
+    while spans:
+        nxt = []
+        for a, b in spans:
+            m = (a + b) // 2
+            if m not in seen:
+                seen.add(m)
+                order.append(m)
+            if m - a > 1:
+                nxt.append((a, m))
+            if b - m > 1:
+                nxt.append((m, b))
+        spans = nxt
+    return order + [i for i in range(n) if i not in seen]
+
+
+def zip_longest_lists(lists: List[list]) -> List[list]:
+    """``[[a0, b0, ...], [a1, b1, ...], ...]``: the i-th element of every list that has one."""
+    n = max((len(x) for x in lists), default=0)
+    return [[x[i] for x in lists if i < len(x)] for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decode
+# ---------------------------------------------------------------------------------------------------------
+def decode_part(run: _Run, bar) -> None:
+    """Our decode (CUDA graph) per kept fraction against cuDNN dense decode, per shape; then the profiles of
+    the book's two example steps (stored under ``profiles`` in the file's meta)."""
+    from ..roofline.profile import example_steps, profile_step
+    for B, L in DECODE_SHAPES:
+        if not run.budget.allows(0.0):
+            C.note(f"time budget spent: decode B={B} L={L} not measured")
+            continue
+        _decode_shape(run, B, L, bar)
+        C.empty_cache()
+    profiles = {}
+    for name, (fn, what) in example_steps(run.dev, **PROFILE).items():
+        if not run.budget.allows(5.0):
+            break
+        try:
+            profiles[name] = {"what": what, **profile_step(fn).as_dict()}
+        except Exception as e:  # the profiler is a diagnostic: a failure is noted, not fatal
+            C.note(f"profile {name}: {type(e).__name__}: {str(e)[:160]}")
+    run.meta["profiles"] = profiles
+    run.save()
+
+
+def _decode_shape(run: _Run, B: int, L: int, bar) -> None:
+    kd, vd, cache, q = decode_setup(B, L, PAGE_SIZE, DECODE_HQ, DECODE_HKV, DECODE_D, DTYPE, device=run.dev)
+    s = Shape(B=B, Hq=DECODE_HQ, Hkv=DECODE_HKV, D=DECODE_D, dtype=DTYPE, seq_len=L, page_size=PAGE_SIZE)
+    base = {"family": "decode", "N": L, "B": B, "Hq": DECODE_HQ, "Hkv": DECODE_HKV, "D": DECODE_D,
+            "dtype": DTYPE_NAME, "page_size": PAGE_SIZE}
+    full_bytes = 2 * B * DECODE_HKV * L * DECODE_D * 2
+    q4 = q.view(B, DECODE_HQ, 1, DECODE_D)
+    pred = _pred(cost(None, s, "decode", impl="cudnn"))
+    try:
+        ms = C.time_gpu(C.sdpa_fn(q4, kd, vd, "cudnn", enable_gqa=True))
+        run.add(Record({**base, "pattern": "dense"}, Impl.CUDNN, Pass.DECODE_DENSE, ms,
+                       {**pred, "part": "decode", "bytes": full_bytes, "tbps": full_bytes / ms / 1e9}))
+    except RuntimeError as e:  # the backend refused the shape
+        run.add(Record({**base, "pattern": "dense"}, Impl.CUDNN, Pass.DECODE_DENSE, None,
+                       {**pred, "part": "decode", "error": str(e)[:200]}))
+    n_pages = math.ceil(L / PAGE_SIZE)
+    for keep in DECODE_KEEPS:
+        bar.set_postfix_str(f"decode B={B} L={L} keep={keep}")
+        topk = max(1, round(keep * n_pages))
+        sel = select_pages(q, cache, topk)
+        sel_bytes = int(sel.count.sum()) * PAGE_SIZE * DECODE_D * 2 * 2
+        case = {**base, "pattern": family_pattern("decode", keep), "keep": keep, "kept": sel_bytes / full_bytes}
+        ms = C.time_gpu(C.graph_step(lambda: sparse_decode(q, cache, pages=sel)).replay)
+        run.add(Record(case, Impl.OURS, Pass.DECODE_GRAPH, ms,
+                       {**_pred(cost(cache, s, "decode", pages=sel, graph=True)), "part": "decode",
+                        "bytes": sel_bytes, "tbps": sel_bytes / ms / 1e9}))
+        step = C.graph_step(lambda: sparse_decode(q, cache, pages=select_pages(q, cache, topk)))
+        run.add(Record(case, Impl.OURS, Pass.SELECT_DECODE_GRAPH, C.time_gpu(step.replay), {"part": "decode"}))
+        run.save()
+        bar.update()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the run and its table
+# ---------------------------------------------------------------------------------------------------------
+def run(args) -> tuple:
+    """Measure the parts ``args.part`` asks for; return (records, table rows, table columns)."""
+    for name, default in (("part", "all"), ("families", None), ("keep_n", None), ("budget_s", 500.0),
+                          ("merge", None)):  # options of this suite only (a caller may not set them)
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    parts = parts_of(args.part)
+    known = set(LENGTH_FAMILIES) | set(KEEP_FAMILIES) | {"routing"}
+    if args.families and not set(args.families.split(",")) <= known:
+        raise ValueError(f"--families must be a comma-separated subset of {sorted(known)}, got {args.families!r}")
+    env = C.environment()
+    merged, merged_meta = merged_rows(args.merge, parts, env["device"])
+    r = _Run(args, env, merged, merged_meta)
+    for p in parts:
+        r.meta["parts"][p] = {**{k: env.get(k) for k in ("date", "torch", "triton", "device")},
+                              "budget_s": args.budget_s}
+    n_points = sum(len(points(p, args)) * (1 if args.no_flex else 2) for p in parts if p != "decode")
+    n_points += len(DECODE_SHAPES) * len(DECODE_KEEPS) if "decode" in parts else 0
+    with C.progress(n_points, NAME) as bar:
+        for p in parts:
+            if p == "decode":
+                decode_part(r, bar)
+            else:
+                prefill_part(r, p, bar)
+                r.inputs.clear()
+                C.empty_cache()
+    for p in parts:
+        r.meta["parts"][p]["run_s"] = r.budget.clock() - r.budget.t0  # the whole run these parts were measured in
+    r.save()
+    if hasattr(args, "meta"):
+        args.meta.update(r.meta)
+    bf = BenchFile.from_json({"suite": NAME, **env, **r.meta, "results": [x.to_json() for x in r.records]})
+    return r.records, crossover_table(bf), COLUMNS
+
+
+def _fmt(value, state) -> str:
+    if value is not None:
+        return f"{value:.3g}" if value < 1 else f"{value:.0f}"
+    return state
+
+
+def _first_of_each(points: list) -> list:
+    """Points sorted by their grid value, one per value (documents round to whole documents, so two kept
+    fractions can give the same layout): the first measured one."""
+    seen, out = set(), []
+    for p in sorted(points, key=lambda p: p[0]):
+        if p[0] not in seen:
+            seen.add(p[0])
+            out.append(p)
+    return out
+
+
+def _ratio(r: Optional[Record]) -> Optional[float]:
+    p = r.get("predicted_ms") if r is not None else None
+    return p / r.ms if p and r.ms else None
+
+
+def measured_crossovers(bf: BenchFile) -> List[dict]:
+    """One entry per family and pass (and length, for the kept-fraction families; batch, for decode): the
+    grid (lengths, or the kept fraction of the envelope's cells / of the cache's bytes), the measured times
+    of ours, FlexAttention and cuDNN on the envelope with their predictions, and the interpolated
+    crossovers ``(value, state)`` of :func:`~sparseattn.roofline.crossover.crossing`: ``ours`` and ``flex``
+    measured, ``ours_predicted`` from the predictions. A point without a cuDNN time is left out; a point
+    without a FlexAttention time is left out of Flex's crossover only."""
+    out = []
+    prefill = [r for r in bf.records if r.pass_ in (Pass.FWD, Pass.BWD) and "family" in r.case]
+    dense = {(r.pass_, r.case["N"], r.case["pattern"]): r for r in bf.records
+             if r.impl == Impl.CUDNN and r.pass_ in (Pass.FWD, Pass.BWD)}
+    flex = {(r.pass_, r.case["pattern"], r.case["N"]): r for r in prefill if r.impl == Impl.FLEX}
+    groups: Dict[tuple, list] = {}
+    for r in prefill:
+        if r.impl == Impl.OURS:
+            length = r.case["family"] in LENGTH_FAMILIES
+            key = (r.case["family"], r.pass_, None if length else r.case["N"], r.case["pattern"] if length else None)
+            groups.setdefault(key, []).append(r)
+    for (fam, pass_, N, pattern), rows in groups.items():
+        variable = "N" if N is None else "keep"
+        pts = []
+        for r in rows:
+            d = dense.get((pass_, r.case["N"], r.case["envelope"]))
+            if r.ms is not None and d is not None and d.ms is not None:
+                pts.append((r.case["N"] if variable == "N" else r.case["kept"], r, d,
+                            flex.get((pass_, r.case["pattern"], r.case["N"]))))
+        pts = _first_of_each(pts)
+        if not pts:
+            continue
+        grid = [p[0] for p in pts]
+        ours, cud = [p[1].ms for p in pts], [p[2].ms for p in pts]
+        pred, cud_pred = [p[1].get("predicted_ms") for p in pts], [p[2].get("predicted_ms") for p in pts]
+        fx = [p[3].ms if p[3] is not None else None for p in pts]
+        fpts = [(g, f, c) for g, f, c in zip(grid, fx, cud) if f is not None]
+        have_pred = all(x is not None for x in pred + cud_pred)
+        out.append({"family": fam, "pass": pass_, "N": N, "B": None, "pattern": pattern or rows[0].case["family"],
+                    "variable": variable, "envelope": pts[0][1].case["envelope"], "grid": grid,
+                    "patterns": [p[1].case["pattern"] for p in pts], "ours_ms": ours, "flex_ms": fx, "cudnn_ms": cud,
+                    "ours_predicted_ms": pred, "cudnn_predicted_ms": cud_pred,
+                    "flex_predicted_ms": [p[3].get("predicted_ms") if p[3] is not None else None for p in pts],
+                    "ours": crossing(grid, ours, cud, variable),
+                    "flex": crossing(*map(list, zip(*fpts)), variable) if fpts else (None, "not measured"),
+                    "ours_predicted": crossing(grid, pred, cud_pred, variable) if have_pred else (None, "no prediction"),
+                    "ratios": [x for p in pts for x in (_ratio(p[1]), _ratio(p[3])) if x is not None]})
+    for B in sorted({r.case["B"] for r in bf.records if r.pass_ == Pass.DECODE_GRAPH}):
+        d = next((r for r in bf.records if r.pass_ == Pass.DECODE_DENSE and r.impl == Impl.CUDNN
+                  and r.case["B"] == B), None)
+        rows = [r for r in bf.records if r.pass_ == Pass.DECODE_GRAPH and r.case["B"] == B and r.ms is not None]
+        if not rows or d is None or d.ms is None:
+            continue
+        steps = {r.case["keep"]: r.ms for r in bf.records if r.pass_ == Pass.SELECT_DECODE_GRAPH and r.case["B"] == B}
+        pts = _first_of_each([(r.case["kept"], r) for r in rows])
+        grid = [p[0] for p in pts]
+        ours, pred = [p[1].ms for p in pts], [p[1].get("predicted_ms") for p in pts]
+        step = [steps.get(p[1].case["keep"]) for p in pts]
+        spts = [(g, x) for g, x in zip(grid, step) if x is not None]
+        cud, cud_pred = [d.ms] * len(grid), [d.get("predicted_ms")] * len(grid)
+        out.append({"family": "decode", "pass": "decode", "N": pts[0][1].case["N"], "B": B, "pattern": "decode",
+                    "variable": "keep", "envelope": "dense", "grid": grid,
+                    "patterns": [p[1].case["pattern"] for p in pts], "ours_ms": ours, "flex_ms": [None] * len(grid),
+                    "cudnn_ms": cud, "ours_predicted_ms": pred, "cudnn_predicted_ms": cud_pred,
+                    "flex_predicted_ms": [None] * len(grid), "step_ms": step,
+                    "ours": crossing(grid, ours, cud, "keep"), "flex": (None, "not measured"),
+                    "step": crossing([g for g, _ in spts], [x for _, x in spts], cud[:len(spts)], "keep")
+                    if spts else (None, "not measured"),
+                    "ours_predicted": crossing(grid, pred, cud_pred, "keep") if all(x is not None for x in pred +
+                                                                                   cud_pred) else
+                    (None, "no prediction"),
+                    "ratios": [x for x in (_ratio(p[1]) for p in pts) if x is not None] +
+                    ([_ratio(d)] if _ratio(d) is not None else [])})
+    return out
+
+
+def prediction_ratios(bf: BenchFile, exclude=()) -> List[dict]:
+    """Every measured row that carries a prediction, once: ``{"index", "impl", "pass", "family", "pattern",
+    "N", "B", "measured_ms", "predicted_ms", "ratio"}`` with ratio = predicted / measured; ``exclude``: row
+    indices to leave out (the calibration's repeats of fitted points)."""
+    out = []
+    skip = set(exclude)
+    for i, r in enumerate(bf.records):
+        ratio = _ratio(r)
+        if ratio is not None and i not in skip:
+            out.append({"index": i, "impl": r.impl, "pass": r.pass_, "family": r.case.get("family", "envelope"),
+                        "pattern": r.case["pattern"], "N": r.case["N"], "B": r.case.get("B"), "measured_ms": r.ms,
+                        "predicted_ms": r.get("predicted_ms"), "ratio": ratio})
+    return out
+
+
+def ratio_summary(ratios: List[float]) -> dict:
+    """``n``, median, 10th and 90th percentiles and the fraction within +-25% of predicted / measured."""
+    import numpy as np
+    if not ratios:
+        return {"n": 0}
+    r = np.asarray(ratios, dtype=float)
+    return {"n": int(r.size), "median": float(np.median(r)), "p10": float(np.quantile(r, 0.1)),
+            "p90": float(np.quantile(r, 0.9)), "within_25pct": float(np.mean(np.abs(r - 1) <= 0.25))}
+
+
+def crossover_table(bf: BenchFile) -> List[dict]:
+    """The printed table: one line per family and pass (and length or batch), the crossovers measured (ours,
+    Flex) and predicted (ours), and the median predicted/measured of the line's rows; a last line over every
+    row with a prediction."""
+    table = []
+    for e in measured_crossovers(bf):
+        rs = ratio_summary(e["ratios"])
+        where = f"B={e['B']} L={e['N']}" if e["B"] else ("grid" if e["N"] is None else e["N"])
+        table.append({"family": e["pattern"], "pass": e["pass"], "N": where, "variable": e["variable"],
+                      "ours": _fmt(*e["ours"]), "flex": _fmt(*e["flex"]), "ours_predicted": _fmt(*e["ours_predicted"]),
+                      "points": len(e["grid"]), "pred/meas": f"{rs['median']:.2f}" if rs["n"] else ""})
+    rs = ratio_summary([x["ratio"] for x in prediction_ratios(bf)])
+    if rs["n"]:
+        table.append({"family": "all rows", "points": rs["n"],
+                      "pred/meas": f"median {rs['median']:.2f} (p10 {rs['p10']:.2f}, p90 {rs['p90']:.2f}), "
+                                   f"{rs['within_25pct']:.0%} within 25%"})
+    return table

@@ -1,0 +1,331 @@
+"""Chapter 9, the roofline and the crossover: the measured ceilings, arithmetic intensity of prefill and
+decode work on the roofline, the model's predictions against the recorded ``crossover`` suite (scatter and
+ratio distribution), crossover curves per family and pass, where the model misses (launch tails, host time),
+where a profiled step's time went, and the kernel-free explorer of the model's terms."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import plotly.graph_objects as go
+
+from ..bench.crossover import measured_crossovers, prediction_ratios, ratio_summary
+from ..bench.record import BenchFile, Impl, Pass
+from ..roofline import ceilings as recorded_ceilings, cost
+from ..roofline.ceilings import Ceilings
+from ..roofline.counts import Shape
+from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, family_layout, report
+from . import COLORS
+
+__all__ = ["ceilings_table", "intensity_points", "roofline_figure", "prediction_scatter", "ratio_figure",
+           "crossover_figure", "crossover_table_figure", "worst_points", "tail_points", "tail_figure",
+           "profile_figure", "EXPLORER_FAMILIES", "explorer_layout", "terms_figure"]
+
+_PASS_SYMBOL = {Pass.FWD: "circle", Pass.BWD: "square", Pass.DECODE_GRAPH: "diamond", Pass.DECODE_DENSE: "diamond"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ceilings and the roofline
+# ---------------------------------------------------------------------------------------------------------
+def ceilings_table(ceil: Optional[Ceilings] = None) -> go.Figure:
+    """The ceilings the model uses, each with where it comes from."""
+    c = ceil or recorded_ceilings()
+    rows = [("SMs", f"{c.sm_count}", c.sources.get("sm_count", "")),
+            *((f"matmul, {k}", f"{v:g} TFLOP/s", c.sources.get("matmul_tflops", "") if i == 0 else "same")
+              for i, (k, v) in enumerate(c.matmul_tflops.items())),
+            ("HBM read", f"{c.hbm_read_tbps:g} TB/s", c.sources.get("hbm_read_tbps", "")),
+            ("launch (one more kernel)", f"{c.launch_us:g} us", c.sources.get("launch_us", "")),
+            ("L2 cache", f"{c.l2_mib:g} MiB" if c.l2_mib else "-", c.sources.get("l2_mib", ""))]
+    fig = go.Figure(go.Table(columnwidth=[22, 14, 90],
+                             header=dict(values=["ceiling", "value", "where it comes from"], align="left"),
+                             cells=dict(values=[list(x) for x in zip(*rows)], align="left", height=28)))
+    fig.update_layout(title=f"Ceilings of the {c.device} used by the cost model", height=120 + 60 * len(rows),
+                      title_font_size=12, margin=dict(t=40, b=10))
+    return fig
+
+
+def intensity_points(N: int = 16384, shape: Optional[Shape] = None, decode_shape: Optional[Shape] = None) -> List[dict]:
+    """Prefill (forward and backward, four patterns at length ``N``) and decode (all pages and 10% kept) as
+    the model prices them on the H200: FLOPs, compulsory HBM bytes (each byte once: K/V reuse served by L2)
+    and requested bytes (what the programs load: no reuse across programs), their intensities, and the
+    FLOP rate the prediction implies."""
+    s = shape or PREFILL_SHAPE
+    out = []
+    for fam, x, kw, name in (("window", N, dict(window=1024), "window 1024"),
+                             ("sinks_window", N, dict(sinks=64, window=1024), "sinks 64 + window 1024"),
+                             ("block_random", 0.1, dict(N=N), "block-random 10%"),
+                             ("documents", 1.0, dict(N=N), "causal")):
+        lay = family_layout(fam, x, **kw)[0]
+        for pass_ in ("fwd", "bwd"):
+            c = cost(lay, s, pass_)
+            out.append(_point(f"{name}, {pass_}", pass_, c))
+    d = decode_shape or DECODE_SHAPE
+    for keep in (None, 0.1):
+        c = cost(None, d, "decode", keep=keep, graph=True)
+        out.append(_point(f"decode B={d.B}, {'all pages' if keep is None else f'{keep:.0%} of the pages'}",
+                          "decode", c))
+    return out
+
+
+def _point(label: str, pass_: str, c) -> dict:
+    requested = sum(c.bytes_requested.values())
+    return {"label": label, "pass": pass_, "flops": c.flops, "hbm_bytes": c.D_hbm, "requested_bytes": requested,
+            "intensity": c.intensity, "requested_intensity": c.tile_intensity, "predicted_ms": c.predicted_ms,
+            "tflops": c.flops / (c.predicted_ms * 1e9), "bound": c.bound}
+
+
+def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: str = "bfloat16") -> go.Figure:
+    """Attainable FLOP rate against arithmetic intensity: the matmul roof and the bandwidth slope, each
+    point at its compulsory intensity (filled) joined to its intensity without any reuse (open), at the
+    rate its predicted time implies."""
+    c = ceil or recorded_ceilings()
+    P, W = c.matmul(dtype), c.hbm_read_tbps
+    xs = [p[k] for p in points for k in ("intensity", "requested_intensity")]
+    lo, hi = min(xs) / 2, max(xs) * 2
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=grid, y=[min(P, g * W) for g in grid], mode="lines", name="roof: min(P, I x W)",
+                             line=dict(color="black")))
+    fig.add_vline(x=P / W, line_dash="dot", annotation_text=f"ridge {P / W:.0f} FLOP/B")
+    colors = {"fwd": COLORS[Impl.OURS], "bwd": "#8c564b", "decode": "#17becf"}
+    for p in points:
+        col = colors[p["pass"]]
+        fig.add_trace(go.Scatter(x=[p["requested_intensity"], p["intensity"]], y=[p["tflops"], p["tflops"]],
+                                 mode="lines+markers", name=p["label"], line=dict(color=col, width=1),
+                                 marker=dict(symbol=["circle-open", "circle"], size=[8, 11], color=col),
+                                 hovertemplate=f"{p['label']}: %{{x:.3g}} FLOP/B, {p['tflops']:.0f} TFLOP/s "
+                                               f"({p['bound']}-bound)<extra></extra>"))
+    ys = [p["tflops"] for p in points] + [min(P, lo * W)]
+    fig.update_layout(xaxis_type="log", yaxis_type="log", height=520, title_font_size=12,
+                      xaxis_title="arithmetic intensity (FLOP per HBM byte)", yaxis_title="TFLOP/s (predicted)",
+                      title=f"Roofline of the {c.device}, {dtype}<br><sup>filled: compulsory bytes (each byte "
+                            f"once); open: bytes the programs request (no reuse across programs); rates from the "
+                            f"cost model</sup>",
+                      legend=dict(font=dict(size=10)))
+    fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
+    fig.update_yaxes(range=[math.log10(min(ys) / 1.5), math.log10(P * 1.5)])
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# predicted against measured
+# ---------------------------------------------------------------------------------------------------------
+def _series(r: dict) -> str:
+    return f"{r['impl']} {r['pass']}"
+
+
+def prediction_scatter(doc: BenchFile, exclude=()) -> go.Figure:
+    """Predicted against measured ms for every row of the crossover suite with a prediction (but the row
+    indices in ``exclude``), one colour per implementation, one marker per pass, with y = x and the +-25%
+    band."""
+    rows = prediction_ratios(doc, exclude)
+    if not rows:
+        raise LookupError(f"no row of {doc.suite!r} carries predicted_ms")
+    fig = go.Figure()
+    for key in sorted({_series(r) for r in rows}):
+        rs = [r for r in rows if _series(r) == key]
+        fig.add_trace(go.Scatter(x=[r["measured_ms"] for r in rs], y=[r["predicted_ms"] for r in rs], mode="markers",
+                                 name=key, marker=dict(color=COLORS[rs[0]["impl"]], size=8,
+                                                       symbol=_PASS_SYMBOL.get(rs[0]["pass"], "circle")),
+                                 text=[f"{r['pattern']} N={r['N']}" for r in rs],
+                                 hovertemplate="%{text}: measured %{x:.3g} ms, predicted %{y:.3g} ms<extra></extra>"))
+    v = [r[k] for r in rows for k in ("measured_ms", "predicted_ms")]
+    lo, hi = min(v) / 1.3, max(v) * 1.3
+    for f, name, dash in ((1.0, "predicted = measured", "solid"), (1.25, "+-25%", "dot"), (0.75, None, "dot")):
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo * f, hi * f], mode="lines", name=name, showlegend=name is not None,
+                                 line=dict(color="gray", dash=dash, width=1), hoverinfo="skip"))
+    s = ratio_summary([r["ratio"] for r in rows])
+    fig.update_layout(xaxis_type="log", yaxis_type="log", height=540, title_font_size=12,
+                      xaxis_title="measured ms (median)", yaxis_title="predicted ms (cost model, fitted elsewhere)",
+                      title=f"Predicted vs measured, {s['n']} rows of the crossover sweep: {s['within_25pct']:.0%} "
+                            f"within 25%, median ratio {s['median']:.2f}<br><sup>{doc.caption()}</sup>")
+    fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
+    fig.update_yaxes(range=[math.log10(lo), math.log10(hi)])
+    return fig
+
+
+def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
+    """The distribution of predicted / measured per implementation and pass (every row a dot, the box its
+    quartiles; the row indices in ``exclude`` left out), on a log axis, with the +-25% band."""
+    rows = prediction_ratios(doc, exclude)
+    fig = go.Figure()
+    for key in sorted({_series(r) for r in rows}):
+        rs = [r for r in rows if _series(r) == key]
+        fig.add_trace(go.Box(y=[r["ratio"] for r in rs], name=key, boxpoints="all", jitter=0.4, pointpos=0,
+                             marker=dict(color=COLORS[rs[0]["impl"]], size=5), line=dict(color=COLORS[rs[0]["impl"]]),
+                             text=[f"{r['pattern']} N={r['N']}" for r in rs]))
+    fig.add_hrect(y0=0.75, y1=1.25, fillcolor="gray", opacity=0.12, line_width=0)
+    ys = [r["ratio"] for r in rows]
+    fig.update_layout(yaxis_type="log", height=440, title_font_size=12, showlegend=False,
+                      yaxis_title="predicted / measured", title=f"Ratio per series (band: +-25%)<br><sup>"
+                                                                f"{doc.caption()}</sup>")
+    fig.update_yaxes(range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# crossover curves
+# ---------------------------------------------------------------------------------------------------------
+def _entry(doc: BenchFile, family: str, pass_: str, N: Optional[int] = None) -> dict:
+    entries = [e for e in measured_crossovers(doc) if e["family"] == family and e["pass"] == pass_
+               and (N is None or e["N"] == N)]
+    if not entries:
+        have = sorted({(e["family"], e["pass"], e["N"]) for e in measured_crossovers(doc)}, key=str)
+        raise LookupError(f"no crossover data for {family} {pass_} N={N}; have {have}")
+    return entries[0]
+
+
+def crossover_figure(doc: BenchFile, family: str, pass_: str, N: Optional[int] = None) -> go.Figure:
+    """Speedup over cuDNN on the envelope (cuDNN ms / ms) along the family's grid: ours and FlexAttention
+    measured, ours predicted; sparse wins above 1. The interpolated crossovers are marked."""
+    e = _entry(doc, family, pass_, N)
+    x = e["grid"]
+    fig = go.Figure()
+    series = [("ours, measured", e["ours_ms"], e["cudnn_ms"], COLORS[Impl.OURS], "solid"),
+              ("FlexAttention, measured", e["flex_ms"], e["cudnn_ms"], COLORS[Impl.FLEX], "solid"),
+              ("ours, predicted", e["ours_predicted_ms"], e["cudnn_predicted_ms"], COLORS[Impl.OURS], "dot")]
+    if e.get("step_ms"):
+        series.append(("ours, select + decode", e["step_ms"], e["cudnn_ms"], "#ff9896", "solid"))
+    ys = []
+    for name, num, den, color, dash in series:
+        pts = [(g, d / m) for g, m, d in zip(x, num, den) if m and d]
+        if not pts:
+            continue
+        ys += [p[1] for p in pts]
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
+                                 line=dict(color=color, dash=dash)))
+    fig.add_hline(y=1.0, line_color="black", line_width=1)
+    for key, color in (("ours", COLORS[Impl.OURS]), ("flex", COLORS[Impl.FLEX])):
+        if e[key][0] is not None:
+            fig.add_vline(x=e[key][0], line_dash="dash", line_color=color)
+    what = {"N": "sequence length N (tokens)", "keep": "kept fraction of the envelope's cells" if family != "decode"
+            else "kept fraction of the cache's bytes"}[e["variable"]]
+    where = "" if e["N"] is None else (f", B={e['B']}, L={e['N']}" if e["B"] else f", N={e['N']}")
+    fig.update_layout(xaxis_type="log", yaxis_type="log", height=430, title_font_size=12, xaxis_title=what,
+                      yaxis_title=f"speedup over {e['envelope']} cuDNN", legend=dict(font=dict(size=10)),
+                      title=f"{e['pattern']} {pass_}{where}: crossover ours {_fmt(e['ours'])}, FlexAttention "
+                            f"{_fmt(e['flex'])}, predicted {_fmt(e['ours_predicted'])}<br><sup>{doc.caption()}</sup>")
+    fig.update_xaxes(range=[math.log10(min(x)) - 0.05, math.log10(max(x)) + 0.05])
+    fig.update_yaxes(range=[math.log10(min(ys + [1.0]) / 1.3), math.log10(max(ys + [1.0]) * 1.3)])
+    return fig
+
+
+def _fmt(vs) -> str:
+    value, state = vs
+    if value is None:
+        return state
+    return f"{value:.3g}" if value < 1 else f"{value:.0f}"
+
+
+def crossover_table_figure(doc: BenchFile) -> go.Figure:
+    """Every family and pass: the measured crossovers of ours and FlexAttention and the predicted one of ours
+    (a length: sparse faster above it; a kept fraction: faster below it)."""
+    es = measured_crossovers(doc)
+    cols = [[e["pattern"] for e in es], [e["pass"] for e in es],
+            ["all N" if e["N"] is None else (f"B={e['B']}, L={e['N']}" if e["B"] else f"N={e['N']}") for e in es],
+            [e["variable"] for e in es], [_fmt(e["ours"]) for e in es], [_fmt(e["flex"]) for e in es],
+            [_fmt(e["ours_predicted"]) for e in es]]
+    fig = go.Figure(go.Table(columnwidth=[30, 10, 18, 10, 14, 16, 14],
+                             header=dict(values=["family", "pass", "at", "varies", "ours (measured)",
+                                                 "FlexAttention (measured)", "ours (predicted)"]),
+                             cells=dict(values=cols)))
+    fig.update_layout(title=f"Crossover against cuDNN on the envelope<br><sup>{doc.caption()}</sup>",
+                      height=140 + 28 * len(es), title_font_size=12, margin=dict(t=60, b=10))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# where the model fails
+# ---------------------------------------------------------------------------------------------------------
+def worst_points(doc: BenchFile, k: int = 10, exclude=()) -> List[dict]:
+    """The ``k`` rows farthest from their prediction (largest |log(predicted / measured)|), worst first."""
+    return sorted(prediction_ratios(doc, exclude), key=lambda r: -abs(math.log(r["ratio"])))[:k]
+
+
+def tail_points(family: str = "window", pass_: str = "fwd", grid=(1024, 2048, 4096, 8192, 16384, 65536),
+                **params) -> List[dict]:
+    """Along a length family, the share of our predicted time that is the last wave's tail, the program
+    prologues and the launch (cost model): what short sequences pay beyond their tiles."""
+    out = []
+    for N in grid:
+        lay = family_layout(family, N, **params)[0]
+        c = cost(lay, PREFILL_SHAPE, pass_)
+        tail = sum(k["tail_ms"] for k in c.kernels)
+        balanced = sum(k["balanced_ms"] for k in c.kernels)
+        out.append({"N": N, "predicted_ms": c.predicted_ms, "tail_ms": tail, "launch_ms": c.t_launch_ms,
+                    "balanced_ms": balanced, "programs": sum(k["programs"] for k in c.kernels),
+                    "tail_share": tail / c.predicted_ms, "launch_share": c.t_launch_ms / c.predicted_ms})
+    return out
+
+
+def tail_figure(points: List[dict], title: str = "") -> go.Figure:
+    """Launch and last-wave tail as shares of the predicted time, against N."""
+    fig = go.Figure()
+    for key, name, color in (("launch_share", "launch (fixed per call)", "#7f7f7f"),
+                             ("tail_share", "last-wave tail (SMs idle while the longest programs finish)", "#ff7f0e")):
+        fig.add_trace(go.Scatter(x=[p["N"] for p in points], y=[p[key] for p in points], mode="lines+markers",
+                                 name=name, line=dict(color=color)))
+    fig.update_layout(xaxis_type="log", height=380, title_font_size=12, yaxis_tickformat=".0%",
+                      xaxis_title="sequence length N (tokens)", yaxis_title="share of our predicted time",
+                      title=title or "What short sequences pay beyond their tiles (cost model, H200)",
+                      legend=dict(orientation="h", y=-0.3))
+    fig.update_xaxes(range=[math.log10(points[0]["N"]) - 0.05, math.log10(points[-1]["N"]) + 0.05])
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# profiles
+# ---------------------------------------------------------------------------------------------------------
+def profile_figure(profiles: Dict[str, dict], title: str = "") -> go.Figure:
+    """Stacked bars of route / index / kernel / launch per profiled step (``StepProfile.as_dict()`` entries,
+    as the crossover suite records them under ``profiles``)."""
+    if not profiles:
+        raise LookupError("no profiles to draw")
+    names = list(profiles)
+    fig = go.Figure()
+    for bucket, color in (("kernel", COLORS[Impl.OURS]), ("index", "#9467bd"), ("route", "#17becf"),
+                          ("launch", "#7f7f7f")):
+        fig.add_trace(go.Bar(y=names, x=[profiles[n]["buckets"][bucket] for n in names], name=bucket,
+                             orientation="h", marker_color=color,
+                             hovertemplate=f"{bucket}: %{{x:.3g}} ms<extra></extra>"))
+    fig.update_layout(barmode="stack", height=160 + 80 * len(names), title_font_size=12,
+                      xaxis_title="ms of the step (wall)", title=title, legend=dict(orientation="h", y=-0.35))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the kernel-free explorer: pattern, N, density, dtype -> the model's terms and verdict
+# ---------------------------------------------------------------------------------------------------------
+#: The explorer's patterns -> how a density picks the pattern's parameter
+EXPLORER_FAMILIES = ("window", "sinks_window", "block_random", "documents")
+
+
+def explorer_layout(family: str, N: int, density: float):
+    """The layout of an explorer setting: windows of ``density * N / 2`` tokens (about ``density`` of the causal
+    triangle), block-random tiles with probability ``density``, ``1 / density`` equal documents."""
+    if family in ("window", "sinks_window"):
+        w = max(1, round(density * N / 2))
+        params = {"window": w} if family == "window" else {"window": w, "sinks": 64}
+        return family_layout(family, N, **params)[0]
+    return family_layout(family, density, N=N)[0]
+
+
+def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 0.1, dtype: str = "bf16",
+                 pass_: str = "fwd") -> go.Figure:
+    """The model's terms (compute, memory, launch, index) for ours, FlexAttention and cuDNN on the envelope,
+    and the verdict of :func:`~sparseattn.roofline.report`, for one setting (B=1, 16 heads, D=128)."""
+    lay = explorer_layout(family, N, density)
+    s = Shape(B=1, Hq=16, D=128, dtype=dtype)
+    r = report(lay, s, pass_=pass_)
+    fig = go.Figure()
+    impls = ["sparseattn", "flex", "cudnn"]
+    for term, color in (("compute", "#d62728"), ("memory", "#1f77b4"), ("launch", "#7f7f7f"), ("index", "#9467bd")):
+        fig.add_trace(go.Bar(x=impls, y=[r.costs[i].terms[term] for i in impls], name=term, marker_color=color,
+                             hovertemplate=f"{term}: %{{y:.3g}} ms<extra></extra>"))
+    fig.add_trace(go.Scatter(x=impls, y=[r.predicted[i] for i in impls], mode="markers", name="predicted total",
+                             marker=dict(symbol="line-ew-open", size=30, color="black", line=dict(width=2))))
+    fig.update_layout(barmode="group", height=420, title_font_size=12, yaxis_title="ms (cost model, H200)",
+                      title=f"{family}, N={N}, density {density:g}, {dtype}, {pass_} (envelope: {r.envelope} cuDNN)"
+                            f"<br><sup>{r.verdict}; our dominant term: {r.dominant}</sup>",
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
