@@ -104,9 +104,14 @@ def to_flex(layout, num_heads: Optional[int] = None):
 
         mask_mod.__name__ = getattr(ours, "__name__", "mask_mod")
     elif layout.tile_bits is not None:
-        slot_of = torch.full((layout.B, layout.H, layout.nq, nk), -1, dtype=torch.int64, device=layout.device)
+        # per tile: its slot in kv_index (partial: read the bits), FULL (every cell allowed) or EMPTY. Flex's
+        # eager path evaluates the mask_mod on every cell, full tiles included, so they must say True there
+        FULL, EMPTY = -1, -2
+        slot_of = torch.full((layout.B, layout.H, layout.nq, nk), EMPTY, dtype=torch.int64, device=layout.device)
         b, h, qi, slot = layout.partial_tiles()
         slot_of[b, h, qi, layout.kv_index[b, h, qi, slot].long()] = slot
+        _, full = layout.block_classes()
+        slot_of[full] = FULL
         bits, bq, bk, one_b, one_h = layout.tile_bits, layout.block_q, layout.block_k, layout.B == 1, layout.H == 1
 
         def mask_mod(b, h, q_idx, kv_idx):
@@ -115,7 +120,7 @@ def to_flex(layout, num_heads: Optional[int] = None):
             qi, ki = q_idx // bq, kv_idx // bk
             s = slot_of[bb, hh, qi, ki]
             byte = bits[bb, hh, qi, s.clamp(min=0), q_idx % bq, (kv_idx % bk) // 8]
-            return (s >= 0) & (((byte >> (kv_idx % 8).to(torch.uint8)) & 1) == 1)
+            return (s == FULL) | ((s >= 0) & (((byte >> (kv_idx % 8).to(torch.uint8)) & 1) == 1))
 
         mask_mod.__name__ = "tile_bits"
     else:

@@ -80,6 +80,10 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
     associative and commutative, so any split of a row, merged in any order, gives the whole row. An empty
     state (``lse = -inf``) contributes nothing; two empty states give ``o = 0, lse = -inf``.
     Computed in at least float32; returns ``o`` in ``o_a``'s dtype and ``lse`` in ``lse_a``'s dtype.
+
+    An LSE of ``+inf`` is no state any attention produces (a finite score sum has a finite log) and its weight
+    against anything is undefined, so it raises ValueError (this reads the LSEs once on the host). NaN inputs
+    are the caller's: a NaN in a state reaches only the merged rows that hold it.
     """
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
         if not isinstance(t, torch.Tensor):
@@ -91,6 +95,10 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
     if lse_a.shape != lse_b.shape or tuple(lse_a.shape) != tuple(o_a.shape[:-1]):
         raise ValueError(f"lse_a and lse_b must have shape {tuple(o_a.shape[:-1])} (o without its last dim), "
                          f"got {tuple(lse_a.shape)} and {tuple(lse_b.shape)}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if bool(torch.isposinf(t).any()):
+            raise ValueError(f"{name} holds +inf, which no attention state has (an empty state is -inf); the "
+                             f"merge of a +inf state is undefined")
     work = torch.promote_types(torch.promote_types(o_a.dtype, o_b.dtype), torch.float32)
     la, lb = lse_a.to(work), lse_b.to(work)
     m = torch.maximum(la, lb)
@@ -128,7 +136,9 @@ def page_bounds_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> to
 
 def select_pages_reference(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, always_first: int = 1,
                            always_last: int = 1) -> PageSelection:
-    """Eager reference of :func:`sparseattn.select_pages` (torch.topk and sort): same pages, same order."""
+    """Eager reference of :func:`sparseattn.select_pages` (a stable sort by bound, then the chosen pages sorted):
+    same pages, same order, same tie rule (equal bounds go to the lower page; with ``topk`` below the number
+    of forced pages, the lowest forced pages are kept)."""
     B = check_select_args(q, cache, topk, always_first, always_last)
     seqs_t = seqs_tensor(seqs, B, q.device, cache.max_seqs)
     bound = page_bounds_reference(q, cache, seqs_t)  # [B, Hkv, P_max]
@@ -139,7 +149,10 @@ def select_pages_reference(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs
     forced = forced & (pages < n_pages[:, None])
     score = torch.where(forced[:, None, :], torch.full_like(bound, float("inf")), bound)
     k = min(topk, P_max)
-    top, idx = torch.topk(score, k, dim=-1)  # [B, Hkv, k]
+    # a stable descending sort, not torch.topk: among equal scores (forced pages are all +inf) the lower page
+    # comes first, the documented tie rule (torch.topk leaves the order of ties unspecified)
+    top, idx = torch.sort(score, dim=-1, descending=True, stable=True)
+    top, idx = top[..., :k], idx[..., :k]  # [B, Hkv, k]
     ok = top > float("-inf")
     idx = torch.where(ok, idx, torch.full_like(idx, P_max))  # invalid entries sort last
     idx, _ = torch.sort(idx, dim=-1)

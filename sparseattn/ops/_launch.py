@@ -61,7 +61,10 @@ def _doc_table(pred: Optional[Predicate], layout: BlockLayout, B: int) -> Option
         return None
 
     def build():
-        ids = pred.doc_ids.to(device=layout.device, dtype=torch.int32)
+        # the kernels compare int32 ids: replace every id by its rank among the distinct ids (equal ids stay
+        # equal, different ones stay different), so ids beyond int32 cannot collide in their low 32 bits
+        _, ranks = torch.unique(pred.doc_ids.to(layout.device), return_inverse=True)
+        ids = ranks.to(torch.int32).view(pred.doc_ids.shape)
         need = max(layout.q_offset + layout.q_len, layout.kv_len)
         if ids.shape[-1] < need:
             raise ValueError(f"doc_ids covers {ids.shape[-1]} positions but attention needs {need}")

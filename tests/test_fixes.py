@@ -1,0 +1,200 @@
+"""Regression tests for the silent wrong answers and missing checks found at the package's edges (issue 11).
+
+Each test is named after the item it guards and was run against the code before its fix, where it failed.
+"""
+import math
+import warnings
+
+import pytest
+import torch
+
+import sparseattn as sa
+from sparseattn import BlockLayout, PagedKVCache, patterns as P
+from sparseattn.reference import decode_reference, select_pages_reference
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def rand(*shape, dtype=torch.float32, g=None):
+    return torch.randn(*shape, dtype=dtype, generator=g)
+
+
+def flex_eager(q, k, v, block_mask, **kw):
+    from torch.nn.attention.flex_attention import flex_attention
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flex_attention(q, k, v, block_mask=block_mask, **kw)
+
+
+def small_cache(lens=(100, 37), page_size=16, Hkv=2, D=32, num_pages=64, max_pages=16, dtype=torch.float32):
+    c = PagedKVCache(num_pages, page_size, Hkv, D, dtype=dtype, device="cpu", max_seqs=len(lens) + 2,
+                     max_pages_per_seq=max_pages)
+    for s, L in enumerate(lens):
+        c.append(s, rand(L, Hkv, D, dtype=dtype), rand(L, Hkv, D, dtype=dtype))
+    return c
+
+
+# ---- 1. from_dense(...).to_flex(): the mask_mod must allow the cells of full tiles --------------------------
+def test_1_from_dense_to_flex_keeps_full_tiles():
+    dense = torch.ones(32, 32, dtype=torch.bool).tril()[None, None]
+    layout = BlockLayout.from_dense(dense, 16, 16)  # tile (1, 0) is full, the diagonal tiles partial
+    bm = layout.to_flex()
+    idx = torch.arange(32)
+    cells = bm.mask_mod(torch.tensor(0), torch.tensor(0), idx[:, None], idx[None, :])
+    assert torch.equal(cells, dense[0, 0]), "the Flex mask_mod must say what the layout says on every cell"
+    q, k, v = (rand(1, 1, 32, 16) for _ in range(3))
+    ref = sa.reference_attention(q, k, v, dense)
+    torch.testing.assert_close(flex_eager(q, k, v, bm).double(), ref, atol=1e-5, rtol=1e-5)
+
+
+# ---- 2. document ids that differ by a multiple of 2**32 must not collide in the kernel ---------------------
+@pytest.mark.parametrize("base", [2**32, -(2**32), 2**40 + 2**32, 2**62])
+def test_2_document_ids_beyond_int32_do_not_collide(base):
+    # ids change inside a tile, so the kernel compares them cell by cell; 0 and base agree in their low 32 bits
+    ids = torch.tensor(([0] * 8 + [base] * 8) * 4, dtype=torch.int64)
+    mm = P.document(ids)
+    layout = BlockLayout.from_mask_mod(mm, 64, 64, 16, 16, device="cpu")
+    assert layout.to_dense()[0, 0, 0, 8:16].sum() == 0  # different documents: nothing allowed
+    q, k, v = (rand(1, 1, 64, 16) for _ in range(3))
+    o, lse = sa.sparse_attention(q, k, v, layout, return_lse=True)
+    ref_o, ref_lse = sa.reference_attention(q, k, v, layout.to_dense(), return_lse=True)
+    torch.testing.assert_close(o.double(), ref_o, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5)
+
+
+def test_2_document_ids_beyond_int32_backward():
+    ids = torch.tensor([0] * 10 + [2**33] * 12 + [7] * 10, dtype=torch.int64)
+    layout = BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.document(ids)), 32, 32, 16, 16, device="cpu")
+    q, k, v = (rand(1, 1, 32, 16).requires_grad_() for _ in range(3))
+    do = rand(1, 1, 32, 16)
+    got = torch.autograd.grad(sa.sparse_attention(q, k, v, layout), (q, k, v), do)
+    want = torch.autograd.grad(sa.reference_attention(q, k, v, layout.to_dense()), (q, k, v), do.double())
+    for a, b in zip(got, want):  # dq, dk, dv
+        torch.testing.assert_close(a.double(), b.double(), atol=3e-5, rtol=3e-5)
+
+
+# ---- 3. sparse_decode checks scale like sparse_attention and refuses a q that needs a gradient --------------
+@pytest.mark.parametrize("scale,exc", [(0.0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+                                       (float("inf"), ValueError), ("0.1", TypeError), (True, TypeError)])
+def test_3_decode_checks_scale(scale, exc):
+    cache = small_cache()
+    with pytest.raises(exc, match="scale"):
+        sa.sparse_decode(rand(2, 4, 32), cache, scale=scale)
+
+
+def test_3_decode_scale_is_applied():
+    cache = small_cache()
+    q = rand(2, 4, 32)
+    o = sa.sparse_decode(q, cache, scale=0.3)
+    ref, _ = decode_reference(q, cache, [0, 1], scale=0.3)
+    torch.testing.assert_close(o.double(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_3_decode_refuses_q_that_requires_grad():
+    cache = small_cache()
+    q = rand(2, 4, 32).requires_grad_()
+    with pytest.raises(ValueError, match="requires_grad"):
+        sa.sparse_decode(q, cache)
+    with torch.no_grad():
+        assert sa.sparse_decode(q, cache).shape == (2, 4, 32)
+    assert not sa.sparse_decode(q.detach(), cache).requires_grad
+
+
+# ---- 4. merge_states with an LSE of +inf -------------------------------------------------------------------
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_4_merge_states_rejects_positive_infinite_lse(side):
+    o = rand(3, 4)
+    lse_ok = torch.zeros(3)
+    lse_bad = torch.tensor([0.0, float("inf"), 1.0])
+    args = (o, lse_bad, o, lse_ok) if side == "a" else (o, lse_ok, o, lse_bad)
+    with pytest.raises(ValueError, match=f"lse_{side}.*\\+inf"):
+        sa.merge_states(*args)
+
+
+# ---- 5. select_pages_reference keeps the lowest forced pages when topk is smaller --------------------------
+@pytest.mark.parametrize("topk,first,last", [(1, 1, 1), (2, 2, 1), (3, 2, 3), (1, 0, 3), (4, 3, 3)])
+def test_5_reference_keeps_lowest_forced_pages(topk, first, last):
+    cache = small_cache(lens=(200, 130), page_size=16, max_pages=16)
+    q = rand(2, 4, 32)
+    ref = select_pages_reference(q, cache, topk, always_first=first, always_last=last)
+    got = sa.select_pages(q, cache, topk, always_first=first, always_last=last)
+    for b, L in enumerate((200, 130)):
+        n_pages = math.ceil(L / 16)
+        forced = sorted(set(range(min(first, n_pages))) | set(range(max(0, n_pages - last), n_pages)))
+        want = forced[:topk] if len(forced) >= topk else None
+        for h in range(2):
+            r = ref.index[b, h, : int(ref.count[b, h])].tolist()
+            assert r == got.index[b, h, : int(got.count[b, h])].tolist()
+            if want is not None:
+                assert r == want, (b, h, r, want)
+
+
+def test_5_reference_ties_go_to_lower_pages():
+    cache = PagedKVCache(16, 16, 1, 16, dtype=torch.float32, device="cpu", max_seqs=1, max_pages_per_seq=16)
+    page = torch.randint(-4, 5, (16, 1, 16)).float()
+    cache.append(0, page.repeat(12, 1, 1), page.repeat(12, 1, 1))  # 12 identical pages: every bound ties
+    q = torch.randint(-4, 5, (1, 2, 16)).float()
+    ref = select_pages_reference(q, cache, topk=5, always_first=0, always_last=1)
+    assert ref.index[0, 0].tolist() == [0, 1, 2, 3, 11]
+
+
+# ---- 7. mask_mods mean the same with the int32 indices of Flex's compiled kernels -------------------------
+def catalogue_instances():
+    docs = torch.arange(4096) // 700
+    return {
+        "full": P.full(), "causal": P.causal(), "sliding_window": P.sliding_window(300), "sinks": P.sinks(4),
+        "sinks_window": P.sinks_window(4, 300), "dilated": P.dilated(3),
+        "block_random": P.block_random(0.05, 128, 7), "document": P.document(docs), "prefix_lm": P.prefix_lm(100),
+        "issue": P.and_masks(P.causal(), P.or_masks(P.block_random(0.05, 128, 7), P.sliding_window(512))),
+    }
+
+
+def test_7_every_catalogue_pattern_has_an_instance():
+    assert set(P.CATALOGUE) <= set(catalogue_instances())
+
+
+@pytest.mark.parametrize("name", list(catalogue_instances()))
+def test_7_int32_indices_give_the_same_cells(name):
+    mm = catalogue_instances()[name]
+    q = torch.arange(0, 4096, 7).view(-1, 1)
+    k = torch.arange(0, 4096, 5).view(1, -1)
+    zero = torch.zeros((), dtype=torch.int64)
+    want = mm(zero, zero, q, k)
+    got = mm(zero.int(), zero.int(), q.int(), k.int())
+    assert torch.equal(torch.broadcast_to(got, want.shape), want)
+
+
+# ---- 8. CPU tensors on a machine with a GPU: one clear rule for every op ----------------------------------
+@pytest.fixture
+def gpu_present(monkeypatch):
+    from sparseattn import _runtime
+    monkeypatch.setattr(_runtime, "_BACKEND", "cuda")
+    return monkeypatch
+
+
+def test_8_every_op_refuses_cpu_tensors_when_a_gpu_runs_the_kernels(gpu_present):
+    layout = BlockLayout.from_mask_mod(P.causal(), 32, 32, 16, 16, device="cpu")
+    q = rand(1, 2, 32, 16)
+    cache = small_cache()
+    qd = rand(2, 4, 32)
+    calls = {
+        "sparse_attention": lambda: sa.sparse_attention(q, q, q, layout),
+        "sparse_decode": lambda: sa.sparse_decode(qd, cache),
+        "select_pages": lambda: sa.select_pages(qd, cache, topk=2),
+        "page_bounds": lambda: sa.routing.page_bounds(qd, cache),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="on the CPU but a GPU is present"):
+            call()
+
+
+def test_8_layouts_and_references_run_anywhere(gpu_present):
+    layout = BlockLayout.from_mask_mod(P.causal(), 32, 32, 16, 16, device="cpu")
+    q = rand(1, 2, 32, 16)
+    sa.reference_attention(q, q, q, layout.to_dense())
+    sa.merge_states(q, q[..., 0], q, q[..., 0])
+    cache = small_cache()
+    qd = rand(2, 4, 32)
+    select_pages_reference(qd, cache, topk=2)
+    decode_reference(qd, cache, [0, 1])
+    BlockLayout.from_dense(layout.to_dense(), 16, 16).stats()
