@@ -4,7 +4,9 @@ Every kernel in this package is tested against :func:`reference_attention` on ``
 written for clarity, not speed: it materialises the ``Lq x Lk`` score matrix.
 
 Fixed semantics (shared by every op): a query row with no allowed key has output 0 and LSE ``-inf`` and
-passes zero gradient; nothing produces NaN unless the inputs hold NaN, and then only in the affected rows.
+passes zero gradient; nothing produces NaN unless the inputs hold NaN, and a NaN in K or V reaches only rows
+that visit it (here: exactly the rows whose mask allows that key; in a tiled kernel: rows whose visited tiles
+hold it).
 """
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     ``mask`` is bool ``[B|1, H|1, Lq, Lk]`` with ``H`` in {Hkv, Hq} (KV-head masks apply to their query-head
     group), True = allowed, so ``layout.to_dense()`` can be passed directly. Returns ``o [B, Hq, Lq, Dv]`` in
     ``dtype`` and, with ``return_lse``, the natural-log LSE ``[B, Hq, Lq]`` in ``dtype``.
+
+    NaN rule: a NaN (or inf) in K or V reaches exactly the rows whose mask allows that key (a masked key is
+    left out, not multiplied by zero); the kernels may spread it further, but only inside a tile the row
+    visits, never to a row that does not visit it. A NaN in q stays in its row. Scores are computed in
+    ``dtype``: in float64 the range is wide, while the float32 kernels need ``|q . k|`` and the scaled scores
+    below ``2**127``, so inputs beyond that are finite here and NaN there.
     """
     B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, v)
     if scale is None:
@@ -65,11 +73,30 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     l = p.sum(dim=-1, keepdim=True)
     nonempty = l > 0
     safe_l = torch.where(nonempty, l, torch.ones_like(l))
-    o = torch.matmul(p, vf) / safe_l
+    o = torch.matmul(p, _finite_or_zero(vf))
+    o = _with_nonfinite_values(o, p, vf) / safe_l
     if not return_lse:
         return o
     lse = torch.where(nonempty, m + torch.log(safe_l), torch.full_like(l, float("-inf"))).squeeze(-1)
     return o, lse
+
+
+def _finite_or_zero(v: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(v), v, torch.zeros_like(v))
+
+
+def _with_nonfinite_values(o: torch.Tensor, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``o = p @ v`` computed on the finite values of ``v``; put back the elements that a NaN or inf value reaches
+    through an allowed key (``p > 0``). A masked key has ``p = 0`` exactly, and ``0 * NaN`` would otherwise
+    spread a NaN value to every row, allowed or not."""
+    bad = ~torch.isfinite(v)  # [B, H, Lk, D]
+    if not bool(bad.any()):
+        return o
+    reached = torch.matmul((p > 0).to(p.dtype).detach(), bad.to(p.dtype)) > 0  # [B, H, Lq, D]
+    b, h, i, d = reached.nonzero(as_tuple=True)
+    pv = p[b, h, i, :] * v.transpose(-1, -2)[b, h, d, :]  # [n, Lk]: each reached element's products
+    exact = torch.where(p[b, h, i, :] > 0, pv, torch.zeros_like(pv)).sum(-1)  # IEEE sum over the allowed keys
+    return o.index_put((b, h, i, d), exact)
 
 
 def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor):

@@ -69,6 +69,14 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
     table and dQ in a separate pass (7 tile matmuls, bitwise-reproducible); ``False`` adds dQ with atomics
     inside the dK/dV pass (5 tile matmuls, run-to-run rounding differences). ``config``/``bwd_config`` override
     the tuned tile configs (:class:`FwdConfig`, :class:`BwdConfig`).
+
+    Input range: scores are computed in float32, so every raw dot product ``q . k`` and every scaled score
+    must stay below ``2**127`` (about 1.7e38) in magnitude; within that range large scores are exact (the
+    online softmax subtracts the running maximum), beyond it float32 overflows and the row becomes NaN where
+    the fp64 reference would stay finite. NaN and inf inputs are the caller's: a NaN in K or V reaches the
+    rows whose visited tiles hold it (a tile is multiplied whole, so it may reach every row of a query tile
+    that visits that key tile) and never a row whose layout row does not list that tile; a NaN in q stays in
+    its row.
     """
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

@@ -44,7 +44,11 @@ def sparse_decode(q: torch.Tensor, cache: PagedKVCache, pages: Optional[PageSele
     a :class:`PageSelection` restricts each (row, KV head) to its listed logical pages. Returns ``o [B, Hq, D]``
     (q's dtype) and, with ``return_lse``, the natural-log LSE ``[B, Hq]`` float32. Checks shapes and dtypes
     only: no host synchronisation, so it can run inside a CUDA graph. Not differentiable: a ``q`` that
-    requires grad is refused rather than silently cut from the graph."""
+    requires grad is refused rather than silently cut from the graph.
+
+    Input range and NaN rule as in :func:`~sparseattn.sparse_attention`: float32 scores (``|q . k|`` and the
+    scaled score below ``2**127``); a NaN in a page's K or V reaches the rows (sequence, GQA group) that read
+    that page, never a row that does not visit it (another sequence, another KV head, a page not selected)."""
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     check_query_fits_cache(q, cache)
