@@ -23,8 +23,8 @@ def flex_block_mask_class():
 
 def from_flex(block_mask) -> dict:
     """The ingredients of a layout from a FlexAttention ``BlockMask``: block-level ``partial``/``full`` masks,
-    lengths, tile sizes and the mask_mod. Its full tiles stay full; its partial tiles are re-classified with
-    its mask_mod (Flex's queries are local; the mask_mod is shifted accordingly)."""
+    lengths, tile sizes, the mask_mod and ``q_offset = 0``. Its full tiles stay full; its partial tiles are
+    re-classified with its own mask_mod at Flex's local query indices (so it means what it means in Flex)."""
     BlockMask = flex_block_mask_class()
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a FlexAttention BlockMask, got {type(block_mask).__name__}")
@@ -36,18 +36,12 @@ def from_flex(block_mask) -> dict:
         listed_full = T.lists_to_blocks(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, nk)[..., :nq, :]
     else:
         listed_full = torch.zeros_like(listed_partial)
-    offset = max(kv_len - q_len, 0)
-    flex_mm = block_mask.mask_mod
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return flex_mm(b, h, q_idx - offset, kv_idx)
-
-    mask_mod.__name__ = getattr(flex_mm, "__name__", "flex_mask_mod")
+    mask_mod = block_mask.mask_mod
     B, H = listed_partial.shape[:2]
-    grid = TileGrid(offset, q_len, kv_len, block_q, block_k, B, H, listed_partial.device)
+    grid = TileGrid(0, q_len, kv_len, block_q, block_k, B, H, listed_partial.device)
     partial, full_from_partial = T.classify(mask_mod, grid, listed=listed_partial & ~listed_full)
     return dict(partial=partial, full=listed_full | full_from_partial, q_len=q_len, kv_len=kv_len,
-                block_q=block_q, block_k=block_k, mask_mod=mask_mod)
+                block_q=block_q, block_k=block_k, mask_mod=mask_mod, q_offset=0)
 
 
 def to_bsr(layout) -> dict:

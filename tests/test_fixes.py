@@ -269,3 +269,125 @@ def test_6_input_range_is_documented():
         doc = " ".join(fn.__doc__.split())
         assert "NaN" in doc and "visit" in doc, fn.__name__
         assert "2**127" in doc or "fp32" in doc or "float32" in doc, fn.__name__
+
+
+# ---- 9. mask_mods written for Flex's one-cell-at-a-time evaluation (attention-gym's flamingo mask) ----------
+def flamingo_style(intervals: torch.Tensor, image_tokens: int):
+    """Cross-attention of text queries to image keys, written the way attention-gym writes it: correct on the
+    index scalars Flex's vmap passes, wrong-shaped or failing on whole tiles (``interval[0]`` picks a tile)."""
+    image_of_key = torch.repeat_interleave(torch.arange(intervals.shape[0]), image_tokens)
+
+    def vision_cross_attention(b, h, q_idx, kv_idx):
+        interval = intervals[image_of_key[kv_idx]]
+        return (q_idx >= interval[0]) & (q_idx < interval[1])
+    return vision_cross_attention
+
+
+def flex_dense(mask_mod, Lq, Lk, B=1, H=1):
+    from torch.nn.attention.flex_attention import create_mask
+    return create_mask(mask_mod, B, H, Lq, Lk, device="cpu")
+
+
+FLAMINGO = flamingo_style(torch.tensor([[0, 90], [20, 150], [150, 200]]), 48)  # 200 text x 144 image tokens
+
+
+@pytest.mark.parametrize("block", [16, 32, 64])
+def test_9_flamingo_from_mask_mod(block):
+    layout = BlockLayout.from_mask_mod(FLAMINGO, 200, 144, block, block, device="cpu")
+    assert torch.equal(layout.to_dense(), flex_dense(FLAMINGO, 200, 144))
+
+
+def test_9_flamingo_from_flex_and_the_kernel():
+    from torch.nn.attention.flex_attention import create_block_mask
+    bm = create_block_mask(FLAMINGO, None, None, 200, 144, device="cpu", BLOCK_SIZE=32)
+    layout = BlockLayout.from_flex(bm)
+    want = flex_dense(FLAMINGO, 200, 144)
+    assert torch.equal(layout.to_dense(), want)
+    q, k, v = rand(1, 2, 200, 16), rand(1, 2, 144, 16), rand(1, 2, 144, 16)
+    o = sa.sparse_attention(q, k, v, layout)
+    torch.testing.assert_close(o.double(), sa.reference_attention(q, k, v, want), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(o, flex_eager(q, k, v, bm), atol=2e-5, rtol=2e-5)
+
+
+def test_9_wrong_shape_without_an_error_falls_back_to_flex_evaluation():
+    t, bq, bk = 3, 16, 16
+    # on whole tiles the flamingo mask does not raise when bq == bk: it silently returns the wrong shape
+    q = torch.arange(t * bq).view(t, bq, 1)
+    kv = torch.arange(t * bk).view(t, 1, bk) % 144
+    assert FLAMINGO(torch.zeros(t, 1, 1, dtype=torch.long), torch.zeros(t, 1, 1, dtype=torch.long), q, kv).shape \
+        == (t, bq, 2)
+    layout = BlockLayout.from_mask_mod(FLAMINGO, 200, 144, bq, bk, device="cpu")
+    assert torch.equal(layout.to_dense(), flex_dense(FLAMINGO, 200, 144))
+
+
+def test_9_a_mask_mod_that_fails_both_ways_names_itself():
+    def broken(b, h, q_idx, kv_idx):
+        raise KeyError("no such table")
+    with pytest.raises(ValueError, match="broken.*vmap"):
+        BlockLayout.from_mask_mod(broken, 32, 32, 16, 16, device="cpu")
+
+
+# ---- 10. q_offset: the package's absolute query positions by default, Flex's local ones on request ---------
+def test_10_default_is_absolute_and_q_offset_0_is_flex():
+    Lq, Lk = 200, 333
+    default = BlockLayout.from_mask_mod(P.causal(), Lq, Lk, 32, 32, device="cpu")
+    local = BlockLayout.from_mask_mod(P.causal(), Lq, Lk, 32, 32, device="cpu", q_offset=0)
+    assert default.q_offset == Lk - Lq and local.q_offset == 0
+    rows = torch.arange(Lq)[:, None]
+    cols = torch.arange(Lk)[None, :]
+    assert torch.equal(default.to_dense()[0, 0], cols <= rows + Lk - Lq)
+    assert torch.equal(local.to_dense(), flex_dense(P.causal(), Lq, Lk))
+    assert (default.to_dense() != local.to_dense()).sum() == 26600  # the issue's count
+
+
+@pytest.mark.parametrize("path", ["predicate", "bits"])
+def test_10_kernels_follow_the_layouts_q_offset(path):
+    Lq, Lk = 72, 130
+    mm = P.sinks_window(4, 40) if path == "predicate" else P.and_masks(P.causal(), P.dilated(3))
+    layout = BlockLayout.from_mask_mod(mm, Lq, Lk, 32, 32, device="cpu", q_offset=5)
+    assert torch.equal(layout.to_dense()[0, 0], mm(0, 0, torch.arange(Lq)[:, None] + 5, torch.arange(Lk)[None]))
+    q = rand(1, 2, Lq, 32).requires_grad_()
+    k, v = (rand(1, 2, Lk, 32).requires_grad_() for _ in range(2))
+    do = rand(1, 2, Lq, 32)
+    o, lse = sa.sparse_attention(q, k, v, layout, return_lse=True)
+    ref, ref_lse = sa.reference_attention(q, k, v, layout.to_dense(), return_lse=True)
+    torch.testing.assert_close(o.double(), ref.detach(), atol=2e-5, rtol=2e-5)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    got = torch.autograd.grad(o, (q, k, v), do)
+    want = torch.autograd.grad(ref, (q, k, v), do.double())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b.double(), atol=3e-5, rtol=3e-5)
+
+
+def test_10_a_mask_that_indexes_a_table_of_length_q_len():
+    Lq, Lk = 48, 96
+    first_key = torch.randint(0, Lk, (Lq,))  # each query attends from its own first key on
+
+    def from_first(b, h, q_idx, kv_idx):
+        return kv_idx >= first_key[q_idx]
+    layout = BlockLayout.from_mask_mod(from_first, Lq, Lk, 16, 16, device="cpu", q_offset=0)
+    assert torch.equal(layout.to_dense(), flex_dense(from_first, Lq, Lk))
+    with pytest.raises(ValueError, match="from_first"):  # absolute positions run past the table
+        BlockLayout.from_mask_mod(from_first, Lq, Lk, 16, 16, device="cpu")
+
+
+def test_10_from_block_mask_to_flex_from_flex_and_to_keep_q_offset():
+    Lq, Lk = 40, 100
+    blocks = torch.ones(1, 1, 3, 7, dtype=torch.bool)
+    layout = BlockLayout.from_block_mask(blocks, Lq, Lk, 16, 16, mask_mod=P.causal(), q_offset=0)
+    assert torch.equal(layout.to_dense(), flex_dense(P.causal(), Lq, Lk))
+    assert layout.to("cpu").q_offset == 0
+    back = BlockLayout.from_flex(layout.to_flex())
+    assert back.q_offset == 0 and torch.equal(back.to_dense(), layout.to_dense())
+    shifted = BlockLayout.from_block_mask(blocks, Lq, Lk, 16, 16, mask_mod=P.causal())
+    assert shifted.q_offset == 60 and torch.equal(BlockLayout.from_flex(shifted.to_flex()).to_dense(),
+                                                  shifted.to_dense())
+
+
+@pytest.mark.parametrize("bad,exc", [(-1, ValueError), (1.5, TypeError), ("0", TypeError), (True, TypeError)])
+def test_10_bad_q_offset(bad, exc):
+    with pytest.raises(exc, match="q_offset"):
+        BlockLayout.from_mask_mod(P.causal(), 32, 64, 16, 16, device="cpu", q_offset=bad)
+    with pytest.raises(exc, match="q_offset"):
+        BlockLayout.from_block_mask(torch.ones(1, 1, 2, 4, dtype=torch.bool), 32, 64, 16, 16, q_offset=bad)
