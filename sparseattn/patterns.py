@@ -6,8 +6,11 @@ mask_mods work with :class:`sparseattn.BlockLayout` and ours work in ``flex_atte
 here is elementwise over broadcast index tensors: call it with ``q_idx`` of shape ``[N, 1]`` and ``kv_idx``
 of shape ``[1, M]`` and get an ``[N, M]`` mask.
 
-``q_idx`` is always an *absolute* position: when a layout has fewer queries than keys, the queries are the
-last ones (``q_idx = local_q + kv_len - q_len``).
+``q_idx`` is the query's position as the layout defines it: by default an *absolute* position (when a layout
+has fewer queries than keys, the queries are the last ones: ``q_idx = local_q + kv_len - q_len``), or
+``local_q + q_offset`` for a layout built with ``q_offset=`` (``q_offset=0``: FlexAttention's local indices).
+A mask_mod may also be evaluated the way Flex evaluates it (``torch.vmap`` over index scalars) when it does not
+work on whole tiles; see :func:`sparseattn._tiles.eval_tiles`.
 
 Tile rules
 ----------
