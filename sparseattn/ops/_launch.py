@@ -30,10 +30,15 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+#: How many SMs the split planning assumes off the GPU (the interpreter has none). Tests raise it to reach
+#: launch shapes a real GPU produces, e.g. more decode splits per row than one merge step holds.
+CPU_SM_COUNT = 4
+
+
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    return CPU_SM_COUNT
 
 
 # ---- mask path: in-register predicate or per-tile bits ------------------------------------------------------
