@@ -117,13 +117,17 @@ def test_decode_merge_over_several_chunks_of_splits(monkeypatch):
     from sparseattn.reference import decode_reference
     monkeypatch.setattr(_launch, "CPU_SM_COUNT", 512)
     cache = PagedKVCache(160, 16, 1, 16, dtype=torch.float32, device="cpu", max_seqs=2, max_pages_per_seq=160)
+    q = torch.randn(2, 2, 16)
     for s, n in enumerate((1200, 700)):
-        cache.append(s, torch.randn(n, 1, 16), torch.randn(n, 1, 16))
+        # scores that grow along sequence 0 and shrink along sequence 1: the running max of the merge changes
+        # from chunk to chunk in one row and stays in the first chunk in the other (both rescalings matter)
+        ramp = torch.linspace(0, 1, n) if s == 0 else torch.linspace(1, 0, n)
+        k = torch.randn(n, 1, 16) * 0.5 + 4 * ramp.view(n, 1, 1) * q[s].mean(0) / q[s].mean(0).norm()
+        cache.append(s, k, torch.randn(n, 1, 16))
     cfg = sa.DecodeConfig(block_n=16, num_stages=1)
     sms = _launch.num_sms(torch.device("cpu"))
     n_splits, _ = D.decode_splits(2, 1, 160 * 16, 16, sms, D.decode_programs_per_sm(cfg, 2, 1, sms))
     assert n_splits > 2 * 64, n_splits  # three merge chunks
-    q = torch.randn(2, 2, 16)
     o, lse = sa.sparse_decode(q, cache, return_lse=True, config=cfg)
     ref_o, ref_lse = decode_reference(q, cache, [0, 1])
     torch.testing.assert_close(o.double(), ref_o, atol=2e-5, rtol=2e-5)
