@@ -30,6 +30,9 @@ def from_flex(block_mask) -> dict:
         raise TypeError(f"block_mask must be a FlexAttention BlockMask, got {type(block_mask).__name__}")
     q_len, kv_len = block_mask.seq_lengths
     block_q, block_k = block_mask.BLOCK_SIZE
+    if any(b < 16 or b & (b - 1) for b in (block_q, block_k)):
+        raise ValueError(f"block_mask.BLOCK_SIZE must be powers of two >= 16 to become a layout's tiles, got "
+                         f"{(block_q, block_k)}; build the BlockMask with e.g. BLOCK_SIZE=128")
     nq, nk = T.cdiv(q_len, block_q), T.cdiv(kv_len, block_k)
     listed_partial = T.lists_to_blocks(block_mask.kv_num_blocks, block_mask.kv_indices, nk)[..., :nq, :]
     if block_mask.full_kv_num_blocks is not None:

@@ -46,8 +46,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite float, got {scale!r}")
+    elif not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise TypeError(f"scale must be a finite float or None, got {type(scale).__name__}")
+    elif not math.isfinite(scale):  # any finite scale is a spec (zero and negative ones too)
+        raise ValueError(f"scale must be a finite float, got {scale!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     qf = q.to(dtype)

@@ -391,3 +391,16 @@ def test_10_bad_q_offset(bad, exc):
         BlockLayout.from_mask_mod(P.causal(), 32, 64, 16, 16, device="cpu", q_offset=bad)
     with pytest.raises(exc, match="q_offset"):
         BlockLayout.from_block_mask(torch.ones(1, 1, 2, 4, dtype=torch.bool), 32, 64, 16, 16, q_offset=bad)
+
+
+# ---- found while building the bad-input catalogue: backward tiles that straddle layout tiles ---------------
+@pytest.mark.parametrize("cfg", [dict(block_m=32, block_n=16, dq_block_m=16, dq_block_n=16),
+                                 dict(block_m=16, block_n=16, dq_block_m=32, dq_block_n=16),
+                                 dict(block_m=16, block_n=16, dq_block_m=16, dq_block_n=32)])
+def test_bwd_config_tiles_larger_than_the_layouts_are_refused(cfg):
+    """They used to run and return wrong gradients (a kernel tile read two layout rows' lists as one)."""
+    from sparseattn.ops import BwdConfig
+    layout = BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.dilated(3)), 64, 64, 16, 16, device="cpu")
+    q, k, v = (rand(1, 1, 64, 16).requires_grad_() for _ in range(3))
+    with pytest.raises(ValueError, match="bwd_config: kernel tiles"):
+        sa.sparse_attention(q, k, v, layout, bwd_config=BwdConfig(**cfg, num_warps=4, num_stages=1))

@@ -26,6 +26,18 @@ def check_layout_for(layout: BlockLayout, B: int, Hq: int, Hkv: int, Lq: int, Lk
         raise ValueError(f"layout is on {layout.device} but q is on {device}; use layout.to(q.device)")
 
 
+def check_kernel_tiles(name: str, layout: BlockLayout, **tiles) -> None:
+    """A config's kernel tiles (``block_m=...``: query rows, divide ``block_q``; ``block_n=...``: keys, divide
+    ``block_k``) must be powers of two >= 16 that divide the layout's tiles: a kernel tile that straddles two
+    layout tiles would read the wrong tile's list and mask (silently wrong gradients, not an error)."""
+    for field, value in tiles.items():
+        limit = layout.block_q if field.endswith("_m") else layout.block_k
+        if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1) \
+                or limit % value:
+            raise ValueError(f"{name}: kernel tiles must be powers of two >= 16 that divide the layout's "
+                             f"{layout.block_q}x{layout.block_k} tiles, got {field}={value!r}")
+
+
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 

@@ -31,10 +31,18 @@ def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
                              f"{out.dtype} {tuple(out.shape)} on {out.device}")
         if out.stride(-1) != 1:
             raise ValueError("out must have a contiguous last dimension")
-    if config is not None and not isinstance(config, FwdConfig):
-        raise TypeError(f"config must be a FwdConfig or None, got {type(config).__name__}")
-    if bwd_config is not None and not isinstance(bwd_config, BwdConfig):
-        raise TypeError(f"bwd_config must be a BwdConfig or None, got {type(bwd_config).__name__}")
+    if config is not None:
+        if not isinstance(config, FwdConfig):
+            raise TypeError(f"config must be a FwdConfig or None, got {type(config).__name__}")
+        L.check_kernel_tiles("config", layout, block_m=config.block_m, block_n=config.block_n)
+    if bwd_config is not None:
+        if not isinstance(bwd_config, BwdConfig):
+            raise TypeError(f"bwd_config must be a BwdConfig or None, got {type(bwd_config).__name__}")
+        L.check_kernel_tiles("bwd_config", layout, block_m=bwd_config.block_m, block_n=bwd_config.block_n,
+                             dq_block_m=bwd_config.dq_block_m, dq_block_n=bwd_config.dq_block_n)
+        if bwd_config.chunk is not None and (isinstance(bwd_config.chunk, bool) or
+                                             not isinstance(bwd_config.chunk, int) or bwd_config.chunk < 1):
+            raise ValueError(f"bwd_config: chunk must be None or an int >= 1, got {bwd_config.chunk!r}")
     check_device(q)
     return scale
 
