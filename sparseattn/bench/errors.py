@@ -32,8 +32,8 @@ from .record import Impl, Pass, Record
 NAME = "errors"
 DEFAULT_N = "1024,4096,16384,65536,131072"
 CONFIG_KIND = None
-COLUMNS = ["N", "dtype", "rows", "ours_max_abs", "flex_max_abs", "cudnn_max_abs", "ours_rel_fro", "flex_rel_fro",
-           "cudnn_rel_fro", "ours_lse_err", "check"]
+COLUMNS = ["N", "dtype", "check", "rows", "ours_max_abs", "flex_max_abs", "cudnn_max_abs", "ours_rel_fro",
+           "flex_rel_fro", "cudnn_rel_fro", "ours_lse_err"]
 _SHORT = {Impl.OURS: "ours", Impl.FLEX: "flex", Impl.CUDNN: "cudnn", Impl.OURS_ATOMIC: "ours-atomic"}
 #: the dtypes measured (names as in the records) and their torch dtypes
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -147,7 +147,7 @@ def run(args) -> tuple:
                     flex = C.compiled_flex()
                     impls[Impl.FLEX] = lambda: flex_out_lse(flex, q, k, v, block_mask)
                 impls[Impl.CUDNN] = C.sdpa_fn(q, k, v, Impl.CUDNN, causal=True)
-                row = {"N": N, "dtype": dname, "rows": int(rows.numel())}
+                row = {"N": N, "dtype": dname, "check": "error", "rows": int(rows.numel())}
                 for impl, fn in impls.items():
                     try:
                         res = fn()
@@ -204,9 +204,9 @@ def _repeat(args, q, k, v, layout, block_mask, case, records, table) -> None:
         if pass_ == Pass.BWD:
             extra["dq_run_to_run_max_abs"] = max(float((r[0].float() - first[0].float()).abs().max()) for r in runs)
         records.append(Record(case, impl, pass_, ms, extra))
-        spread = f", dQ spread {extra['dq_run_to_run_max_abs']:.1e}" if impl == Impl.OURS_ATOMIC else ""
+        spread = f" dQ+-{extra['dq_run_to_run_max_abs']:.0e}" if impl == Impl.OURS_ATOMIC else ""
         table.append({"N": case["N"], "dtype": case["dtype"],
-                      "check": f"{_SHORT[impl]} {pass_} x{REPEATS}: bitwise {same}{spread}"})
+                      "check": f"{_SHORT[impl]} {pass_} x{REPEATS} same bits: {same}{spread}"})
         del first, runs
 
 
