@@ -63,8 +63,8 @@ def baselines_figure(window: int = 24, L: int = 128, errors: Optional[dict] = No
     fig.add_hline(y=2e-5, line_dash="dot", annotation_text="fp32 tolerance 2e-5", annotation_position="top left")
     fig.update_layout(barmode="group", yaxis_type="log", height=420, title_font_size=12,
                       yaxis_title="relative Frobenius error (dimensionless)", xaxis_title="kernel under test",
-                      title=(f"Same kernel output, two yardsticks: sinks 4 + window {window}, {L} tokens, fp32, "
-                             f"2 heads, D=32 (computed live; the pattern alone moves the output by "
+                      title=(f"Same kernel output, two yardsticks: sinks 4 + window {window}, {L} tokens, fp32,<br>"
+                             f"2 heads, D=32, computed live (the pattern alone moves the output by "
                              f"{errors['pattern alone']['baseline 2: fp64 full attention']:.2f})"),
                       legend=dict(orientation="h", y=-0.25))
     return fig
@@ -101,13 +101,13 @@ def error_growth_figure(bf: BenchFile, dtype: str = "bf16", stats: Optional[List
             fig.add_trace(go.Scatter(x=x, y=[rows[n].get(key) for n in x], mode="lines+markers",
                                      line=dict(color=COLORS[impl], dash=dash), name=f"{LABELS[impl]}: {what}",
                                      legendgroup=impl))
-    case = bf.select(Impl.OURS, Pass.FWD, check="error", dtype=dtype)[0].case
+    case = bf.select(Impl.OURS, Pass.FWD, check="error", dtype=dtype, N=max(Ns))[0].case  # the longest: sampled
     fig.update_layout(xaxis=dict(type="log", title="sequence length N (tokens, log scale)", tickvals=Ns,
                                  ticktext=[f"{n // 1024}k" for n in Ns], range=_log_range(Ns)),
                       yaxis=dict(type="log", title="|O - O_ref| per row (output units, log scale)"),
                       height=480, title_font_size=12, legend=dict(orientation="h", y=-0.3),
-                      title=(f"Error vs length, causal, {dtype}, H={case['H']}, D={case['D']}, against fp64 on "
-                             f"{case['rows']} sampled rows at long N ({bf.caption()})"))
+                      title=(f"Error vs length, causal, {dtype}, H={case['H']}, D={case['D']}, against fp64 "
+                             f"(all rows up to {E.FULL_ROWS}, else {case['rows']} sampled)<br>{bf.caption()}"))
     return fig
 
 
