@@ -15,7 +15,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, note, settings, strategies as st
+from hypothesis import HealthCheck, event, given, note, seed, settings, strategies as st
 
 import sparseattn as sa
 from sparseattn import BlockLayout, PagedKVCache, PageSelection, patterns as P
@@ -29,9 +29,15 @@ GRAD_TOL = {torch.float32: 5e-5, torch.float16: 1e-2}
 
 
 def profile(n: int):
-    return settings(max_examples=max(1, int(n * FUZZ)), deadline=None, derandomize=not FRESH, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much], print_blob=True)
+    """CI: ``n`` derandomised examples. With SPARSEATTN_FUZZ / SPARSEATTN_FUZZ_SEED: more, from that seed."""
+    kw = dict(max_examples=max(1, int(n * FUZZ)), deadline=None, derandomize=not FRESH, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+              print_blob=True)
+
+    def wrap(test):
+        test = settings(**kw)(test)
+        return seed(int(os.environ["SPARSEATTN_FUZZ_SEED"]))(test) if FRESH else test
+    return wrap
 
 
 # ---------------------------------------------------------------------------------------------------------
