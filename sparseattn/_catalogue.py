@@ -131,6 +131,10 @@ def _flex_block_mask(block):
     return create_block_mask(P.causal(), None, None, 48, 48, device="cpu", BLOCK_SIZE=block)
 
 
+def _bwd(**kw) -> BwdConfig:
+    return BwdConfig(**{**dict(block_m=16, block_n=16, dq_block_m=16, dq_block_n=16, num_warps=4, num_stages=1), **kw})
+
+
 def _non_contiguous_out():
     return torch.empty(1, 2, 16, 32)[..., ::2]
 
@@ -186,17 +190,17 @@ def catalogue() -> List[BadInput]:
         attn(qkv=_qkv(L=16), layout=_layout(16), out=_non_contiguous_out()))
     row(sa, "deterministic", "not a bool", TypeError, r"deterministic must be a bool", attn(deterministic="yes"))
     row(sa, "config", "not a FwdConfig", TypeError, r"config must be a FwdConfig",
-        attn(config=BwdConfig(16, 16, 16, 16, 4, 1)))
+        attn(config=_bwd()))
     row(sa, "config", "tiles that are not powers of two", ValueError,
         r"config: kernel tiles must be powers of two >= 16 .* got block_m=24",
         attn(config=FwdConfig(block_m=24, block_n=16, num_warps=4, num_stages=1)))
     row(sa, "bwd_config", "tiles larger than the layout's", ValueError,
         r"bwd_config: kernel tiles .* divide the layout's 16x16 tiles, got dq_block_m=32",
-        attn(bwd_config=BwdConfig(16, 16, 32, 16, 4, 1)))
+        attn(bwd_config=_bwd(dq_block_m=32)))
     row(sa, "bwd_config", "chunk zero", ValueError, r"bwd_config: chunk must be None or an int >= 1",
-        attn(bwd_config=BwdConfig(16, 16, 16, 16, 4, 1, chunk=0)))
+        attn(bwd_config=_bwd(chunk=0)))
     row(sa, "bwd_config", "not a BwdConfig", TypeError, r"bwd_config must be a BwdConfig",
-        attn(bwd_config=FwdConfig(16, 16, 4, 1)))
+        attn(bwd_config=FwdConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)))
 
     # ---- sparse_decode ---------------------------------------------------------------------------------
     sd = "sparse_decode"
@@ -227,7 +231,8 @@ def catalogue() -> List[BadInput]:
     row(sd, "seqs", "wrong length", ValueError, r"seqs must have shape \[1\]",
         lambda: sparse_decode(_dq(), _cache(), seqs=[0, 1]))
     row(sd, "config", "not a DecodeConfig", TypeError, r"config must be a DecodeConfig",
-        lambda: sparse_decode(_dq(), _cache(), config=FwdConfig(16, 16, 4, 1)))
+        lambda: sparse_decode(_dq(), _cache(), config=FwdConfig(block_m=16, block_n=16, num_warps=4,
+                                                                num_stages=1)))
     row(sd, "config", "block_n not a power of two", ValueError, r"config: block_n must be a power of two >= 16",
         lambda: sparse_decode(_dq(), _cache(), config=DecodeConfig(block_n=48)))
     row(sd, "config", "programs_per_sm zero", ValueError, r"config: programs_per_sm must be None or an int >= 1",
@@ -323,7 +328,8 @@ def catalogue() -> List[BadInput]:
         r"block_mask\.BLOCK_SIZE must be powers of two >= 16 .* got \(24, 24\)",
         lambda: BlockLayout.from_flex(_flex_block_mask(24)))
     bl = "BlockLayout (explicit lists)"
-    row(bl, "kv_index", "int64", TypeError, r"kv_index must be int32", lambda: _lists(_set("kv_index", torch.Tensor.long)))
+    row(bl, "kv_index", "int64", TypeError, r"kv_index must be int32",
+        lambda: _lists(_set("kv_index", torch.Tensor.long)))
     row(bl, "full_index", "a duplicate tile", ValueError, r"full_index: row \[0, 0, 2\] is not strictly ascending",
         lambda: _lists(_set("full_index", lambda t: _at(t, (0, 0, 2, 1), 0))))
     row(bl, "kv_index", "a tile out of range", ValueError, r"kv_index\[0, 0, 0, 0\] = 3 is out of range \[0, nk=3\)",
@@ -352,7 +358,8 @@ def catalogue() -> List[BadInput]:
         lambda: _cache().append(1, torch.randn(4, 1, 16), torch.randn(5, 1, 16)))
     row(ap, "seq", "out of range", ValueError, r"seq must be in \[0, max_seqs=2\)",
         lambda: _cache().append(2, torch.randn(4, 1, 16), torch.randn(4, 1, 16)))
-    row(ap, "k", "more tokens than a sequence's pages hold", ValueError, r"k, v: appending 40 tokens to sequence 0 would need 5 pages, more than max_pages",
+    row(ap, "k", "more tokens than a sequence's pages hold", ValueError,
+        r"k, v: appending 40 tokens to sequence 0 would need 5 pages, more than max_pages",
         lambda: _cache().append(0, torch.randn(40, 1, 16), torch.randn(40, 1, 16)))
     row(ap, "k", "more tokens than the pool holds", ValueError, r"KV pool is full",
         lambda: _full_pool().append(1, torch.randn(64, 1, 16), torch.randn(64, 1, 16)))

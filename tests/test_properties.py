@@ -13,7 +13,6 @@ search, with ``SPARSEATTN_FUZZ_SEED`` choosing fresh random cases (``derandomize
 import math
 import os
 
-import pytest
 import torch
 from hypothesis import HealthCheck, event, given, note, seed, settings, strategies as st
 

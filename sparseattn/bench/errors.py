@@ -168,7 +168,6 @@ def run(args) -> tuple:
                 if N == repeat_n:
                     _repeat(args, q, k, v, layout, block_mask, dict(case, check="repeat", runs=REPEATS),
                             records, table)
-                del q, k, v, ref_o, ref_lse
                 C.empty_cache()
                 bar.update()
     return records, table, COLUMNS
