@@ -89,3 +89,13 @@ def test_errors_suite_on_cpu(cpu_stand_ins, tmp_path):  # noqa: F811 (the fixtur
     path = write_outputs(E, records, str(tmp_path), ENV, sweep=False, family=None)[0]
     assert BenchFile.from_json(json.loads(open(path).read())).records == tuple(records)
     assert [r["dtype"] for r in E.summary(bf)] == ["fp16"] * 3 + ["fp32"] * 3
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_errors_suite_without_flex(cpu_stand_ins):  # noqa: F811 (the fixture)
+    cpu_stand_ins.setattr(E, "DTYPES", {"fp32": torch.float32})
+    cpu_stand_ins.setattr(E, "REPEATS", 2)
+    records, table, cols = E.run(_args(n="64", no_flex=True))
+    assert {r.impl for r in records} == {Impl.OURS, Impl.OURS_ATOMIC, Impl.CUDNN}
+    assert "flex_max_abs" not in table[0]
