@@ -61,7 +61,7 @@ def check_qkv(q, k, v):
     if min(B, Hq, Lq, D, Hkv, Lk) < 1:
         raise ValueError(f"every dimension must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if Hq % Hkv:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv}) for GQA")
+        raise ValueError(f"q's query heads ({Hq}) must be a multiple of k's and v's KV heads ({Hkv}) for GQA")
     return B, Hq, Hkv, Lq, Lk, D
 
 
@@ -70,7 +70,7 @@ def check_kernel_dtype(name: str, dtype: torch.dtype) -> None:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {dtype}")
 
 
-def check_head_dim(D: int, what: str = "head dim") -> None:
+def check_head_dim(D: int, what: str = "q's head dim") -> None:
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"{what} must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
 
@@ -116,7 +116,7 @@ def check_query_fits_cache(q, cache) -> None:
         raise ValueError(f"q's head dim ({D}) must equal the cache's ({cache.head_dim})")
     check_head_dim(D)
     if Hq % cache.num_kv_heads:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of the cache's KV heads ({cache.num_kv_heads})")
+        raise ValueError(f"q's query heads ({Hq}) must be a multiple of the cache's KV heads ({cache.num_kv_heads})")
     if q.device != cache.device:
         raise ValueError(f"q is on {q.device} but the cache is on {cache.device}")
 

@@ -111,20 +111,66 @@ def tile_valid(qi, ki, bq, bk, q_len, kv_len):
     return (r < q_len) & (c < kv_len)
 
 
+def _mask_name(mask_mod) -> str:
+    return repr(getattr(mask_mod, "__name__", mask_mod))
+
+
+def _check_bool(mask_mod, out) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+        raise TypeError(f"mask_mod {_mask_name(mask_mod)} must return a bool tensor, "
+                        f"got {getattr(out, 'dtype', type(out).__name__)}")
+    return out
+
+
+def _fits(shape, want) -> bool:
+    """``shape`` broadcasts to ``want`` without changing it (a whole-tile result of the right shape)."""
+    try:
+        return tuple(torch.broadcast_shapes(tuple(shape), want)) == want
+    except RuntimeError:
+        return False
+
+
+def eval_cells_vmap(mask_mod, b, h, q_abs, kv) -> torch.Tensor:
+    """``mask_mod`` evaluated the way FlexAttention evaluates it: one cell at a time under ``torch.vmap``
+    (index scalars), batched over tiles ``b, h [t]``, rows ``q_abs [t, bq]`` and columns ``kv [t, bk]``:
+    bool ``[t, bq, bk]``. Mask_mods written for Flex (attention-gym's flamingo mask, say) may index with
+    their arguments in ways that only mean the intended thing on scalars."""
+    fn = torch.vmap(mask_mod, in_dims=(None, None, None, 0))  # over the columns of one row
+    fn = torch.vmap(fn, in_dims=(None, None, 0, None))  # over the rows of one tile
+    fn = torch.vmap(fn, in_dims=(0, 0, 0, 0))  # over tiles
+    return fn(b, h, q_abs, kv)
+
+
 def eval_tiles(mask_mod, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk) -> torch.Tensor:
-    """Evaluate ``mask_mod`` on whole tiles: bool ``[t, bq, bk]``, False outside the clipped tile."""
+    """Evaluate ``mask_mod`` on whole tiles: bool ``[t, bq, bk]``, False outside the clipped tile.
+
+    First vectorised (the mask_mod gets broadcasting index tensors ``[t, 1, 1]``, ``[t, bq, 1]``,
+    ``[t, 1, bk]``); when that raises or returns a result that is not one value per cell, the way FlexAttention
+    evaluates it (:func:`eval_cells_vmap`), so every mask_mod Flex accepts is accepted here, meaning the same."""
     dev = qi.device
+    t = qi.numel()
     r = qi.long()[:, None, None] * bq + torch.arange(bq, device=dev).view(1, bq, 1)  # [t, bq, 1] local rows
     c = ki.long()[:, None, None] * bk + torch.arange(bk, device=dev).view(1, 1, bk)  # [t, 1, bk]
     q_ok, k_ok = r < q_len, c < kv_len
     # clamp so a mask_mod that indexes a per-position table never reads past its end
     q_abs = r.clamp(max=q_len - 1) + q_offset
     kv = c.clamp(max=kv_len - 1)
-    out = mask_mod(b.long()[:, None, None], h.long()[:, None, None], q_abs, kv)
-    if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
-        raise TypeError(f"mask_mod {getattr(mask_mod, '__name__', mask_mod)!r} must return a bool tensor, "
-                        f"got {getattr(out, 'dtype', type(out).__name__)}")
-    return torch.broadcast_to(out, (qi.numel(), bq, bk)) & q_ok & k_ok
+    bb, hh = b.long(), h.long()
+    try:
+        out, first = mask_mod(bb[:, None, None], hh[:, None, None], q_abs, kv), None
+    except Exception as e:  # noqa: BLE001 (any failure: try Flex's way before reporting)
+        out, first = None, e
+    if isinstance(out, torch.Tensor) and not _fits(out.shape, (t, bq, bk)):
+        # e.g. ``table[kv][0]`` picks a tile where it meant an element
+        out, first = None, ValueError(f"returned shape {tuple(out.shape)} for tiles {(t, bq, bk)}")
+    if out is None:
+        try:
+            out = eval_cells_vmap(mask_mod, bb, hh, q_abs[:, :, 0], kv[:, 0, :])
+        except Exception as e:
+            raise ValueError(f"mask_mod {_mask_name(mask_mod)} fails on broadcasting index tensors "
+                             f"({type(first).__name__}: {first}) and under torch.vmap, as FlexAttention "
+                             f"evaluates it ({type(e).__name__}: {e})") from e
+    return torch.broadcast_to(_check_bool(mask_mod, out), (t, bq, bk)) & q_ok & k_ok
 
 
 def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor]):

@@ -23,31 +23,28 @@ def flex_block_mask_class():
 
 def from_flex(block_mask) -> dict:
     """The ingredients of a layout from a FlexAttention ``BlockMask``: block-level ``partial``/``full`` masks,
-    lengths, tile sizes and the mask_mod. Its full tiles stay full; its partial tiles are re-classified with
-    its mask_mod (Flex's queries are local; the mask_mod is shifted accordingly)."""
+    lengths, tile sizes, the mask_mod and ``q_offset = 0``. Its full tiles stay full; its partial tiles are
+    re-classified with its own mask_mod at Flex's local query indices (so it means what it means in Flex)."""
     BlockMask = flex_block_mask_class()
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a FlexAttention BlockMask, got {type(block_mask).__name__}")
     q_len, kv_len = block_mask.seq_lengths
     block_q, block_k = block_mask.BLOCK_SIZE
+    if any(b < 16 or b & (b - 1) for b in (block_q, block_k)):
+        raise ValueError(f"block_mask.BLOCK_SIZE must be powers of two >= 16 to become a layout's tiles, got "
+                         f"{(block_q, block_k)}; build the BlockMask with e.g. BLOCK_SIZE=128")
     nq, nk = T.cdiv(q_len, block_q), T.cdiv(kv_len, block_k)
     listed_partial = T.lists_to_blocks(block_mask.kv_num_blocks, block_mask.kv_indices, nk)[..., :nq, :]
     if block_mask.full_kv_num_blocks is not None:
         listed_full = T.lists_to_blocks(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, nk)[..., :nq, :]
     else:
         listed_full = torch.zeros_like(listed_partial)
-    offset = max(kv_len - q_len, 0)
-    flex_mm = block_mask.mask_mod
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return flex_mm(b, h, q_idx - offset, kv_idx)
-
-    mask_mod.__name__ = getattr(flex_mm, "__name__", "flex_mask_mod")
+    mask_mod = block_mask.mask_mod
     B, H = listed_partial.shape[:2]
-    grid = TileGrid(offset, q_len, kv_len, block_q, block_k, B, H, listed_partial.device)
+    grid = TileGrid(0, q_len, kv_len, block_q, block_k, B, H, listed_partial.device)
     partial, full_from_partial = T.classify(mask_mod, grid, listed=listed_partial & ~listed_full)
     return dict(partial=partial, full=listed_full | full_from_partial, q_len=q_len, kv_len=kv_len,
-                block_q=block_q, block_k=block_k, mask_mod=mask_mod)
+                block_q=block_q, block_k=block_k, mask_mod=mask_mod, q_offset=0)
 
 
 def to_bsr(layout) -> dict:
@@ -104,9 +101,14 @@ def to_flex(layout, num_heads: Optional[int] = None):
 
         mask_mod.__name__ = getattr(ours, "__name__", "mask_mod")
     elif layout.tile_bits is not None:
-        slot_of = torch.full((layout.B, layout.H, layout.nq, nk), -1, dtype=torch.int64, device=layout.device)
+        # per tile: its slot in kv_index (partial: read the bits), FULL (every cell allowed) or EMPTY. Flex's
+        # eager path evaluates the mask_mod on every cell, full tiles included, so they must say True there
+        FULL, EMPTY = -1, -2
+        slot_of = torch.full((layout.B, layout.H, layout.nq, nk), EMPTY, dtype=torch.int64, device=layout.device)
         b, h, qi, slot = layout.partial_tiles()
         slot_of[b, h, qi, layout.kv_index[b, h, qi, slot].long()] = slot
+        _, full = layout.block_classes()
+        slot_of[full] = FULL
         bits, bq, bk, one_b, one_h = layout.tile_bits, layout.block_q, layout.block_k, layout.B == 1, layout.H == 1
 
         def mask_mod(b, h, q_idx, kv_idx):
@@ -115,7 +117,7 @@ def to_flex(layout, num_heads: Optional[int] = None):
             qi, ki = q_idx // bq, kv_idx // bk
             s = slot_of[bb, hh, qi, ki]
             byte = bits[bb, hh, qi, s.clamp(min=0), q_idx % bq, (kv_idx % bk) // 8]
-            return (s >= 0) & (((byte >> (kv_idx % 8).to(torch.uint8)) & 1) == 1)
+            return (s == FULL) | ((s >= 0) & (((byte >> (kv_idx % 8).to(torch.uint8)) & 1) == 1))
 
         mask_mod.__name__ = "tile_bits"
     else:

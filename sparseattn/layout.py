@@ -51,19 +51,24 @@ class BlockLayout:
     (uint8 ``[B,H,nq,W,block_q,block_k//8]``, aligned with ``kv_index``'s slots); at least one is needed
     when any tile is partial.
 
-    When ``q_len < kv_len`` the queries are the last ``q_len`` positions: query row ``i`` is absolute
-    position ``i + q_offset`` with ``q_offset = kv_len - q_len`` (0 otherwise).
+    Query positions: query row ``i`` is position ``i + q_offset`` for the mask_mod and the kernels. By default
+    ``q_offset = max(kv_len - q_len, 0)``: with fewer queries than keys the queries are the *last* ``q_len``
+    positions (chunked prefill, decode). ``q_offset=0`` is FlexAttention's (and attention-gym's) convention,
+    local query indices; pass it to the constructors to use a mask_mod written for Flex (cross-attention, or a
+    mask that indexes a table of length ``q_len``) with the meaning it has there.
 
     The constructor takes explicit lists and validates them; the ``from_*`` classmethods build them.
     """
 
     __slots__ = ("q_len", "kv_len", "block_q", "block_k", "kv_count", "kv_index", "full_count", "full_index",
-                 "mask_mod", "tile_bits", "_plans")
+                 "mask_mod", "tile_bits", "_q_offset", "_plans")
 
     def __init__(self, kv_count, kv_index, full_count, full_index, *, q_len: int, kv_len: int,
-                 block_q: int = 128, block_k: int = 128, mask_mod=None, tile_bits=None, validate: bool = True):
+                 block_q: int = 128, block_k: int = 128, mask_mod=None, tile_bits=None, validate: bool = True,
+                 q_offset: Optional[int] = None):
         self.q_len = check_int("q_len", q_len)
         self.kv_len = check_int("kv_len", kv_len)
+        self._q_offset = self.default_q_offset(q_len, kv_len, q_offset)
         self.block_q = check_block("block_q", block_q)
         self.block_k = check_block("block_k", block_k)
         if mask_mod is not None and not callable(mask_mod):
@@ -81,7 +86,16 @@ class BlockLayout:
     # ---- shape facts ------------------------------------------------------------------------------------
     @property
     def q_offset(self) -> int:
-        return max(self.kv_len - self.q_len, 0)
+        """Position of query row 0 (what the mask_mod and the kernels see): ``max(kv_len - q_len, 0)`` unless
+        the constructor was given another (0: FlexAttention's local query indices)."""
+        return self._q_offset
+
+    @staticmethod
+    def default_q_offset(q_len: int, kv_len: int, q_offset: Optional[int] = None) -> int:
+        """``q_offset`` checked, or the documented default ``max(kv_len - q_len, 0)`` when it is None."""
+        if q_offset is None:
+            return max(kv_len - q_len, 0)
+        return check_int("q_offset", q_offset, 0)
 
     @property
     def nq(self) -> int:
@@ -121,12 +135,12 @@ class BlockLayout:
     # ---- constructors -----------------------------------------------------------------------------------
     @classmethod
     def _from_block_classes(cls, partial: torch.Tensor, full: torch.Tensor, *, q_len, kv_len, block_q, block_k,
-                            mask_mod=None, tile_bits=None) -> "BlockLayout":
+                            mask_mod=None, tile_bits=None, q_offset=None) -> "BlockLayout":
         """Lists from block-level class masks ``[B,H,nq,nk]`` (disjoint); correct by construction."""
         kv_count, kv_index = T.rows_to_lists(partial)
         full_count, full_index = T.rows_to_lists(full)
         return cls(kv_count, kv_index, full_count, full_index, q_len=q_len, kv_len=kv_len, block_q=block_q,
-                   block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits, validate=False)
+                   block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits, validate=False, q_offset=q_offset)
 
     @staticmethod
     def _check_dims(B, H):
@@ -135,11 +149,14 @@ class BlockLayout:
 
     @classmethod
     def from_mask_mod(cls, mask_mod, q_len: int, kv_len: int, block_q: int = 128, block_k: int = 128,
-                      B: int = 1, H: int = 1, device=None) -> "BlockLayout":
+                      B: int = 1, H: int = 1, device=None, q_offset: Optional[int] = None) -> "BlockLayout":
         """Classify every tile of ``mask_mod`` as empty / partial / full and list the non-empty ones.
 
         The pattern's tile rule decides what it can; the undecided tiles are evaluated cell by cell in
         chunks, so memory stays proportional to the number of tiles, never to ``q_len * kv_len``.
+
+        ``mask_mod`` sees query row ``i`` as position ``i + q_offset``: by default ``max(kv_len - q_len, 0)``
+        (the queries are the last positions), ``q_offset=0`` for FlexAttention's local query indices.
         """
         if not callable(mask_mod):
             raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
@@ -148,17 +165,19 @@ class BlockLayout:
         check_block("block_q", block_q)
         check_block("block_k", block_k)
         cls._check_dims(B, H)
+        q_offset = cls.default_q_offset(q_len, kv_len, q_offset)
         device = T.default_device(device)
-        grid = TileGrid(max(kv_len - q_len, 0), q_len, kv_len, block_q, block_k, B, H, device)
+        grid = TileGrid(q_offset, q_len, kv_len, block_q, block_k, B, H, device)
         partial, full = T.classify(mask_mod, grid, listed=None)
         return cls._from_block_classes(partial, full, q_len=q_len, kv_len=kv_len, block_q=block_q,
-                                       block_k=block_k, mask_mod=mask_mod)
+                                       block_k=block_k, mask_mod=mask_mod, q_offset=q_offset)
 
     @classmethod
     def from_block_mask(cls, block_mask: torch.Tensor, q_len: int, kv_len: int, block_q: int = 128,
-                        block_k: int = 128, mask_mod=None) -> "BlockLayout":
+                        block_k: int = 128, mask_mod=None, q_offset: Optional[int] = None) -> "BlockLayout":
         """Layout from a block-level bool ``[B, H, nq, nk]``. Without ``mask_mod`` every listed tile is full;
-        with it, listed tiles are intersected with the mask_mod, reclassified, and dropped if empty."""
+        with it, listed tiles are intersected with the mask_mod, reclassified, and dropped if empty.
+        ``q_offset`` as in :meth:`from_mask_mod`."""
         check_int("q_len", q_len)
         check_int("kv_len", kv_len)
         check_block("block_q", block_q)
@@ -173,15 +192,16 @@ class BlockLayout:
                              f"blocks ({block_q}, {block_k}); got {tuple(block_mask.shape)}")
         B, H = block_mask.shape[:2]
         cls._check_dims(B, H)
+        q_offset = cls.default_q_offset(q_len, kv_len, q_offset)
         if mask_mod is None:
             return cls._from_block_classes(torch.zeros_like(block_mask), block_mask.contiguous(), q_len=q_len,
-                                           kv_len=kv_len, block_q=block_q, block_k=block_k)
+                                           kv_len=kv_len, block_q=block_q, block_k=block_k, q_offset=q_offset)
         if not callable(mask_mod):
             raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
-        grid = TileGrid(max(kv_len - q_len, 0), q_len, kv_len, block_q, block_k, B, H, block_mask.device)
+        grid = TileGrid(q_offset, q_len, kv_len, block_q, block_k, B, H, block_mask.device)
         partial, full = T.classify(mask_mod, grid, listed=block_mask)
         return cls._from_block_classes(partial, full, q_len=q_len, kv_len=kv_len, block_q=block_q,
-                                       block_k=block_k, mask_mod=mask_mod)
+                                       block_k=block_k, mask_mod=mask_mod, q_offset=q_offset)
 
     @classmethod
     def from_dense(cls, mask: torch.Tensor, block_q: int = 128, block_k: int = 128) -> "BlockLayout":
@@ -221,7 +241,8 @@ class BlockLayout:
     @classmethod
     def from_flex(cls, block_mask) -> "BlockLayout":
         """Layout from a FlexAttention ``BlockMask``. Its full tiles stay full; its partial tiles are
-        re-classified with its mask_mod (Flex's queries are local; the mask_mod is shifted accordingly)."""
+        re-classified with its mask_mod, which keeps Flex's meaning: the layout has ``q_offset = 0`` (local
+        query indices, Flex's convention) and ``mask_mod`` is the BlockMask's own."""
         parts = interop.from_flex(block_mask)
         return cls._from_block_classes(parts.pop("partial"), parts.pop("full"), **parts)
 
@@ -233,7 +254,7 @@ class BlockLayout:
                             self.full_index.to(device), q_len=self.q_len, kv_len=self.kv_len,
                             block_q=self.block_q, block_k=self.block_k, mask_mod=self.mask_mod,
                             tile_bits=None if self.tile_bits is None else self.tile_bits.to(device),
-                            validate=False)
+                            validate=False, q_offset=self.q_offset)
         if "transposed" in self._plans:
             moved._plans["transposed"] = TransposedLists(*(t.to(device) for t in self._plans["transposed"]))
         return moved

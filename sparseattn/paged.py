@@ -102,11 +102,11 @@ class PagedKVCache:
         shared_tail = old_len % ps != 0 and self._refs[pages[-1]] > 1
         need = n_new + (1 if shared_tail else 0)
         if -(-new_len // ps) > self.max_pages_per_seq:
-            raise ValueError(f"sequence {seq} would need {-(-new_len // ps)} pages, more than max_pages_per_seq="
-                             f"{self.max_pages_per_seq}")
+            raise ValueError(f"k, v: appending {L} tokens to sequence {seq} would need {-(-new_len // ps)} pages, "
+                             f"more than max_pages_per_seq={self.max_pages_per_seq}")
         if need > len(self._free):
-            raise ValueError(f"KV pool is full: appending {L} tokens to sequence {seq} needs {need} free pages, "
-                             f"{len(self._free)} left")
+            raise ValueError(f"KV pool is full: appending {L} tokens (k, v) to sequence {seq} needs {need} free "
+                             f"pages, {len(self._free)} left")
         if shared_tail:  # copy-on-write: the partly filled last page is shared with a fork
             old = pages[-1]
             new = self._free.pop()

@@ -6,8 +6,11 @@ mask_mods work with :class:`sparseattn.BlockLayout` and ours work in ``flex_atte
 here is elementwise over broadcast index tensors: call it with ``q_idx`` of shape ``[N, 1]`` and ``kv_idx``
 of shape ``[1, M]`` and get an ``[N, M]`` mask.
 
-``q_idx`` is always an *absolute* position: when a layout has fewer queries than keys, the queries are the
-last ones (``q_idx = local_q + kv_len - q_len``).
+``q_idx`` is the query's position as the layout defines it: by default an *absolute* position (when a layout
+has fewer queries than keys, the queries are the last ones: ``q_idx = local_q + kv_len - q_len``), or
+``local_q + q_offset`` for a layout built with ``q_offset=`` (``q_offset=0``: FlexAttention's local indices).
+A mask_mod may also be evaluated the way Flex evaluates it (``torch.vmap`` over index scalars) when it does not
+work on whole tiles; see :func:`sparseattn._tiles.eval_tiles`.
 
 Tile rules
 ----------
@@ -274,6 +277,9 @@ def dilated(stride: int) -> MaskMod:
 def _hash_keep(qb: torch.Tensor, kb: torch.Tensor, seed: int, threshold: int) -> torch.Tensor:
     # A 32-bit integer hash (murmur3 finaliser) of (seed, qb, kb) computed in int64 so it runs on any device
     # and traces under FlexAttention's vmap. Low 32 bits of products are exact under int64 wrap-around.
+    # The indices are widened first: FlexAttention's compiled kernels pass int32 indices, and int32 products
+    # wrap (and shift right with the sign) differently, which kept other squares than eager evaluation did.
+    qb, kb = torch.as_tensor(qb).to(torch.int64), torch.as_tensor(kb).to(torch.int64)
     m = 0xFFFFFFFF
     x = (qb * 0x9E3779B1 + kb * 0x85EBCA77 + (seed * 0xC2B2AE3D & m)) & m
     x = x ^ (x >> 16)

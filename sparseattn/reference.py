@@ -4,7 +4,9 @@ Every kernel in this package is tested against :func:`reference_attention` on ``
 written for clarity, not speed: it materialises the ``Lq x Lk`` score matrix.
 
 Fixed semantics (shared by every op): a query row with no allowed key has output 0 and LSE ``-inf`` and
-passes zero gradient; nothing produces NaN unless the inputs hold NaN, and then only in the affected rows.
+passes zero gradient; nothing produces NaN unless the inputs hold NaN, and a NaN in K or V reaches only rows
+that visit it (here: exactly the rows whose mask allows that key; in a tiled kernel: rows whose visited tiles
+hold it).
 """
 from __future__ import annotations
 
@@ -34,12 +36,20 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     ``mask`` is bool ``[B|1, H|1, Lq, Lk]`` with ``H`` in {Hkv, Hq} (KV-head masks apply to their query-head
     group), True = allowed, so ``layout.to_dense()`` can be passed directly. Returns ``o [B, Hq, Lq, Dv]`` in
     ``dtype`` and, with ``return_lse``, the natural-log LSE ``[B, Hq, Lq]`` in ``dtype``.
+
+    NaN rule: a NaN (or inf) in K or V reaches exactly the rows whose mask allows that key (a masked key is
+    left out, not multiplied by zero); the kernels may spread it further, but only inside a tile the row
+    visits, never to a row that does not visit it. A NaN in q stays in its row. Scores are computed in
+    ``dtype``: in float64 the range is wide, while the float32 kernels need ``|q . k|`` and the scaled scores
+    below ``2**127``, so inputs beyond that are finite here and NaN there.
     """
     B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite float, got {scale!r}")
+    elif not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise TypeError(f"scale must be a finite float or None, got {type(scale).__name__}")
+    elif not math.isfinite(scale):  # any finite scale is a spec (zero and negative ones too)
+        raise ValueError(f"scale must be a finite float, got {scale!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     qf = q.to(dtype)
@@ -65,11 +75,30 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     l = p.sum(dim=-1, keepdim=True)
     nonempty = l > 0
     safe_l = torch.where(nonempty, l, torch.ones_like(l))
-    o = torch.matmul(p, vf) / safe_l
+    o = torch.matmul(p, _finite_or_zero(vf))
+    o = _with_nonfinite_values(o, p, vf) / safe_l
     if not return_lse:
         return o
     lse = torch.where(nonempty, m + torch.log(safe_l), torch.full_like(l, float("-inf"))).squeeze(-1)
     return o, lse
+
+
+def _finite_or_zero(v: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(v), v, torch.zeros_like(v))
+
+
+def _with_nonfinite_values(o: torch.Tensor, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``o = p @ v`` computed on the finite values of ``v``; put back the elements that a NaN or inf value reaches
+    through an allowed key (``p > 0``). A masked key has ``p = 0`` exactly, and ``0 * NaN`` would otherwise
+    spread a NaN value to every row, allowed or not."""
+    bad = ~torch.isfinite(v)  # [B, H, Lk, D]
+    if not bool(bad.any()):
+        return o
+    reached = torch.matmul((p > 0).to(p.dtype).detach(), bad.to(p.dtype)) > 0  # [B, H, Lq, D]
+    b, h, i, d = reached.nonzero(as_tuple=True)
+    pv = p[b, h, i, :] * v.transpose(-1, -2)[b, h, d, :]  # [n, Lk]: each reached element's products
+    exact = torch.where(p[b, h, i, :] > 0, pv, torch.zeros_like(pv)).sum(-1)  # IEEE sum over the allowed keys
+    return o.index_put((b, h, i, d), exact)
 
 
 def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor):
@@ -80,6 +109,10 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
     associative and commutative, so any split of a row, merged in any order, gives the whole row. An empty
     state (``lse = -inf``) contributes nothing; two empty states give ``o = 0, lse = -inf``.
     Computed in at least float32; returns ``o`` in ``o_a``'s dtype and ``lse`` in ``lse_a``'s dtype.
+
+    An LSE of ``+inf`` is no state any attention produces (a finite score sum has a finite log) and its weight
+    against anything is undefined, so it raises ValueError (this reads the LSEs once on the host). NaN inputs
+    are the caller's: a NaN in a state reaches only the merged rows that hold it.
     """
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
         if not isinstance(t, torch.Tensor):
@@ -91,6 +124,10 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
     if lse_a.shape != lse_b.shape or tuple(lse_a.shape) != tuple(o_a.shape[:-1]):
         raise ValueError(f"lse_a and lse_b must have shape {tuple(o_a.shape[:-1])} (o without its last dim), "
                          f"got {tuple(lse_a.shape)} and {tuple(lse_b.shape)}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if bool(torch.isposinf(t).any()):
+            raise ValueError(f"{name} holds +inf, which no attention state has (an empty state is -inf); the "
+                             f"merge of a +inf state is undefined")
     work = torch.promote_types(torch.promote_types(o_a.dtype, o_b.dtype), torch.float32)
     la, lb = lse_a.to(work), lse_b.to(work)
     m = torch.maximum(la, lb)
@@ -128,7 +165,9 @@ def page_bounds_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> to
 
 def select_pages_reference(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, always_first: int = 1,
                            always_last: int = 1) -> PageSelection:
-    """Eager reference of :func:`sparseattn.select_pages` (torch.topk and sort): same pages, same order."""
+    """Eager reference of :func:`sparseattn.select_pages` (a stable sort by bound, then the chosen pages sorted):
+    same pages, same order, same tie rule (equal bounds go to the lower page; with ``topk`` below the number
+    of forced pages, the lowest forced pages are kept)."""
     B = check_select_args(q, cache, topk, always_first, always_last)
     seqs_t = seqs_tensor(seqs, B, q.device, cache.max_seqs)
     bound = page_bounds_reference(q, cache, seqs_t)  # [B, Hkv, P_max]
@@ -139,7 +178,10 @@ def select_pages_reference(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs
     forced = forced & (pages < n_pages[:, None])
     score = torch.where(forced[:, None, :], torch.full_like(bound, float("inf")), bound)
     k = min(topk, P_max)
-    top, idx = torch.topk(score, k, dim=-1)  # [B, Hkv, k]
+    # a stable descending sort, not torch.topk: among equal scores (forced pages are all +inf) the lower page
+    # comes first, the documented tie rule (torch.topk leaves the order of ties unspecified)
+    top, idx = torch.sort(score, dim=-1, descending=True, stable=True)
+    top, idx = top[..., :k], idx[..., :k]  # [B, Hkv, k]
     ok = top > float("-inf")
     idx = torch.where(ok, idx, torch.full_like(idx, P_max))  # invalid entries sort last
     idx, _ = torch.sort(idx, dim=-1)

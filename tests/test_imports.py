@@ -24,7 +24,7 @@ LAYERS = [
     {"ops"},
     {"roofline"},
     {"bench"},
-    {"book", "viz", "exercises"},
+    {"book", "viz", "exercises", "_catalogue"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

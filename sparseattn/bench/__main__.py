@@ -9,7 +9,8 @@ cuDNN, FA2; determinism; column splitting), ``layout`` (building the block table
 decode, and a streaming-read ceiling), ``decode_keep`` (decode and the CUDA-graph step vs the fraction of
 pages kept), ``crossover`` (where sparse starts to beat cuDNN on the pattern's envelope, per family and pass,
 every row with the cost model's ``predicted_ms``; ``--part fwd,decode`` and ``--part bwd`` each fit one
-10-minute run, ``--merge`` joins them).
+10-minute run, ``--merge`` joins them), ``errors`` (error distributions against a float64 reference vs
+length and dtype, for ours, FlexAttention and cuDNN; bitwise repeatability and the atomic backward's spread).
 
 ``--sweep`` (prefill, backward, decode) also times a set of kernel configs and writes
 ``<suite>-sweep-<gpu>.json`` (every row, the sweep's included) and ``<suite>-defaults-<gpu>.json`` (the best
@@ -29,7 +30,7 @@ from . import _common as C
 
 #: suite name -> module (imported when the suite runs)
 SUITES = {"prefill": "prefill", "layout": "layout_build", "backward": "backward", "decode": "decode",
-          "decode_keep": "decode_keep", "crossover": "crossover"}
+          "decode_keep": "decode_keep", "crossover": "crossover", "errors": "errors"}
 
 
 def suite_module(name: str):

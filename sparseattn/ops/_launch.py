@@ -26,14 +26,31 @@ def check_layout_for(layout: BlockLayout, B: int, Hq: int, Hkv: int, Lq: int, Lk
         raise ValueError(f"layout is on {layout.device} but q is on {device}; use layout.to(q.device)")
 
 
+def check_kernel_tiles(name: str, layout: BlockLayout, **tiles) -> None:
+    """A config's kernel tiles (``block_m=...``: query rows, divide ``block_q``; ``block_n=...``: keys, divide
+    ``block_k``) must be powers of two >= 16 that divide the layout's tiles: a kernel tile that straddles two
+    layout tiles would read the wrong tile's list and mask (silently wrong gradients, not an error)."""
+    for field, value in tiles.items():
+        limit = layout.block_q if field.endswith("_m") else layout.block_k
+        if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1) \
+                or limit % value:
+            raise ValueError(f"{name}: kernel tiles must be powers of two >= 16 that divide the layout's "
+                             f"{layout.block_q}x{layout.block_k} tiles, got {field}={value!r}")
+
+
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+#: How many SMs the split planning assumes off the GPU (the interpreter has none). Tests raise it to reach
+#: launch shapes a real GPU produces, e.g. more decode splits per row than one merge step holds.
+CPU_SM_COUNT = 4
 
 
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    return CPU_SM_COUNT
 
 
 # ---- mask path: in-register predicate or per-tile bits ------------------------------------------------------
@@ -61,7 +78,10 @@ def _doc_table(pred: Optional[Predicate], layout: BlockLayout, B: int) -> Option
         return None
 
     def build():
-        ids = pred.doc_ids.to(device=layout.device, dtype=torch.int32)
+        # the kernels compare int32 ids: replace every id by its rank among the distinct ids (equal ids stay
+        # equal, different ones stay different), so ids beyond int32 cannot collide in their low 32 bits
+        _, ranks = torch.unique(pred.doc_ids.to(layout.device), return_inverse=True)
+        ids = ranks.to(torch.int32).view(pred.doc_ids.shape)
         need = max(layout.q_offset + layout.q_len, layout.kv_len)
         if ids.shape[-1] < need:
             raise ValueError(f"doc_ids covers {ids.shape[-1]} positions but attention needs {need}")

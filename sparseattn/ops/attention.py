@@ -31,10 +31,18 @@ def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
                              f"{out.dtype} {tuple(out.shape)} on {out.device}")
         if out.stride(-1) != 1:
             raise ValueError("out must have a contiguous last dimension")
-    if config is not None and not isinstance(config, FwdConfig):
-        raise TypeError(f"config must be a FwdConfig or None, got {type(config).__name__}")
-    if bwd_config is not None and not isinstance(bwd_config, BwdConfig):
-        raise TypeError(f"bwd_config must be a BwdConfig or None, got {type(bwd_config).__name__}")
+    if config is not None:
+        if not isinstance(config, FwdConfig):
+            raise TypeError(f"config must be a FwdConfig or None, got {type(config).__name__}")
+        L.check_kernel_tiles("config", layout, block_m=config.block_m, block_n=config.block_n)
+    if bwd_config is not None:
+        if not isinstance(bwd_config, BwdConfig):
+            raise TypeError(f"bwd_config must be a BwdConfig or None, got {type(bwd_config).__name__}")
+        L.check_kernel_tiles("bwd_config", layout, block_m=bwd_config.block_m, block_n=bwd_config.block_n,
+                             dq_block_m=bwd_config.dq_block_m, dq_block_n=bwd_config.dq_block_n)
+        if bwd_config.chunk is not None and (isinstance(bwd_config.chunk, bool) or
+                                             not isinstance(bwd_config.chunk, int) or bwd_config.chunk < 1):
+            raise ValueError(f"bwd_config: chunk must be None or an int >= 1, got {bwd_config.chunk!r}")
     check_device(q)
     return scale
 
@@ -69,6 +77,14 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
     table and dQ in a separate pass (7 tile matmuls, bitwise-reproducible); ``False`` adds dQ with atomics
     inside the dK/dV pass (5 tile matmuls, run-to-run rounding differences). ``config``/``bwd_config`` override
     the tuned tile configs (:class:`FwdConfig`, :class:`BwdConfig`).
+
+    Input range: scores are computed in float32, so every raw dot product ``q . k`` and every scaled score
+    must stay below ``2**127`` (about 1.7e38) in magnitude; within that range large scores are exact (the
+    online softmax subtracts the running maximum), beyond it float32 overflows and the row becomes NaN where
+    the fp64 reference would stay finite. NaN and inf inputs are the caller's: a NaN in K or V reaches the
+    rows whose visited tiles hold it (a tile is multiplied whole, so it may reach every row of a query tile
+    that visits that key tile) and never a row whose layout row does not list that tile; a NaN in q stays in
+    its row.
     """
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

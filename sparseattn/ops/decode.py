@@ -44,7 +44,11 @@ def sparse_decode(q: torch.Tensor, cache: PagedKVCache, pages: Optional[PageSele
     a :class:`PageSelection` restricts each (row, KV head) to its listed logical pages. Returns ``o [B, Hq, D]``
     (q's dtype) and, with ``return_lse``, the natural-log LSE ``[B, Hq]`` float32. Checks shapes and dtypes
     only: no host synchronisation, so it can run inside a CUDA graph. Not differentiable: a ``q`` that
-    requires grad is refused rather than silently cut from the graph."""
+    requires grad is refused rather than silently cut from the graph.
+
+    Input range and NaN rule as in :func:`~sparseattn.sparse_attention`: float32 scores (``|q . k|`` and the
+    scaled score below ``2**127``); a NaN in a page's K or V reaches the rows (sequence, GQA group) that read
+    that page, never a row that does not visit it (another sequence, another KV head, a page not selected)."""
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     check_query_fits_cache(q, cache)
@@ -59,8 +63,14 @@ def sparse_decode(q: torch.Tensor, cache: PagedKVCache, pages: Optional[PageSele
         if tuple(pages.index.shape[:2]) != (B, Hkv) or pages.index.device != q.device:
             raise ValueError(f"pages must be [B={B}, Hkv={Hkv}, P] on {q.device}, got {tuple(pages.index.shape)} "
                              f"on {pages.index.device}")
-    if config is not None and not isinstance(config, DecodeConfig):
-        raise TypeError(f"config must be a DecodeConfig or None, got {type(config).__name__}")
+    if config is not None:
+        if not isinstance(config, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig or None, got {type(config).__name__}")
+        bn, pps = config.block_n, config.programs_per_sm
+        if isinstance(bn, bool) or not isinstance(bn, int) or bn < 16 or bn & (bn - 1):
+            raise ValueError(f"config: block_n must be a power of two >= 16, got {bn!r}")
+        if pps is not None and (isinstance(pps, bool) or not isinstance(pps, int) or pps < 1):
+            raise ValueError(f"config: programs_per_sm must be None or an int >= 1, got {pps!r}")
     scale = check_scale(scale, D)
     check_device(q, what="q (and the cache)")
     seqs_t = seqs_tensor(seqs, B, q.device, cache.max_seqs)

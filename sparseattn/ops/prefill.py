@@ -39,7 +39,7 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
     Hkv, Lk = k.shape[1], k.shape[2]
     q, k, v = (L.last_dim_contiguous(t) for t in (q, k, v))
     if layout.block_q % cfg.block_m or layout.block_k % cfg.block_n:
-        raise ValueError(f"kernel tiles {cfg.block_m}x{cfg.block_n} must divide the layout's "
+        raise ValueError(f"config: kernel tiles {cfg.block_m}x{cfg.block_n} must divide the layout's "
                          f"{layout.block_q}x{layout.block_k}")
     o = out if out is not None else torch.empty_like(q)
     lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)

@@ -1,0 +1,183 @@
+"""Chapter 11, how to know a sparse kernel is right: the two baselines (and how mixing them hides a bug), error
+growth with length from the recorded ``errors`` suite, repeatability, the edge cases, and the bad-input table
+rendered from :mod:`sparseattn._catalogue`."""
+from __future__ import annotations
+
+import html
+from typing import Dict, List, Optional, Sequence
+
+import plotly.graph_objects as go
+import torch
+
+from .. import _catalogue
+from .. import patterns as P
+from ..bench import errors as E
+from ..bench.record import BenchFile, Impl, Pass
+from ..exercises.ch11_correctness import drop_one_tile
+from ..layout import BlockLayout
+from ..ops import sparse_attention
+from ..reference import reference_attention
+from . import COLORS
+
+__all__ = ["two_baselines", "baselines_figure", "cpu_error_growth", "error_growth_figure", "repeat_rows",
+           "EDGE_CASES", "edge_case_table", "bad_input_table"]
+
+#: the two baselines and the pattern's own effect, one colour each (these are comparisons, not implementations)
+BASELINE_COLORS = {"baseline 1: fp64 on the same edges": "#d62728", "baseline 2: fp64 full attention": "#7f7f7f"}
+LABELS = {Impl.OURS: "sparseattn (ours)", Impl.FLEX: "FlexAttention (compiled, same block mask)",
+          Impl.CUDNN: "cuDNN (SDPA, is_causal)"}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def two_baselines(window: int = 24, L: int = 128, block: int = 32, seed: int = 0) -> Dict[str, Dict[str, float]]:
+    """Relative Frobenius errors of a correct kernel and of one that skips a tile (``drop_one_tile``), each
+    against the fp64 reference on the layout's edges (baseline 1) and against fp64 full attention (baseline 2),
+    for ``sinks_window(4, window)`` at ``L`` tokens, fp32, in whatever backend runs the kernels."""
+    g = torch.Generator().manual_seed(seed)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    layout = BlockLayout.from_mask_mod(P.sinks_window(4, window), L, L, block, block, device=dev)
+    q, k, v = (torch.randn(1, 2, L, 32, generator=g).to(dev) for _ in range(3))
+    same = reference_attention(q, k, v, layout.to_dense())
+    full = reference_attention(q, k, v)
+    out = {}
+    for name, run_layout in (("correct kernel", layout), ("kernel that skips one tile", drop_one_tile(layout))):
+        o = sparse_attention(q, k, v, run_layout)
+        out[name] = {"baseline 1: fp64 on the same edges": _rel(o, same),
+                     "baseline 2: fp64 full attention": _rel(o, full)}
+    out["pattern alone"] = {"baseline 2: fp64 full attention": _rel(same, full)}
+    return out
+
+
+def baselines_figure(window: int = 24, L: int = 128, errors: Optional[dict] = None) -> go.Figure:
+    """Bars of :func:`two_baselines`: against its own edges the skipped tile stands out by orders of magnitude;
+    against full attention the correct and the broken kernel look alike."""
+    errors = errors or two_baselines(window, L)
+    kernels = ["correct kernel", "kernel that skips one tile"]
+    fig = go.Figure()
+    for base, color in BASELINE_COLORS.items():
+        fig.add_trace(go.Bar(x=kernels, y=[errors[k][base] for k in kernels], name=base, marker_color=color,
+                             text=[f"{errors[k][base]:.1e}" for k in kernels], textposition="outside"))
+    fig.add_hline(y=2e-5, line_dash="dot", annotation_text="fp32 tolerance 2e-5", annotation_position="top left")
+    fig.update_layout(barmode="group", yaxis_type="log", height=420, title_font_size=12,
+                      yaxis_title="relative Frobenius error (dimensionless)", xaxis_title="kernel under test",
+                      title=(f"Same kernel output, two yardsticks: sinks 4 + window {window}, {L} tokens, fp32,<br>"
+                             f"2 heads, D=32, computed live (the pattern alone moves the output by "
+                             f"{errors['pattern alone']['baseline 2: fp64 full attention']:.2f})"),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def cpu_error_growth(Ns: Sequence[int] = (64, 128, 256), dtype: torch.dtype = torch.float16,
+                     heads: int = 2, D: int = 32) -> List[dict]:
+    """Our causal forward against the fp64 reference at small lengths (the interpreter on a CPU): per N the
+    :func:`sparseattn.bench.errors.error_stats` of every row."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    out = []
+    for N in Ns:
+        g = torch.Generator().manual_seed(N)
+        q, k, v = (torch.randn(1, heads, N, D, generator=g).to(device=dev, dtype=dtype) for _ in range(3))
+        layout = BlockLayout.from_mask_mod(P.causal(), N, N, 32, 32, device=dev)
+        o, lse = sparse_attention(q, k, v, layout, return_lse=True)
+        ref_o, ref_lse = reference_attention(q, k, v, layout.to_dense(), return_lse=True)
+        out.append({"N": N, **E.error_stats(o, ref_o, lse, ref_lse)})
+    return out
+
+
+def error_growth_figure(bf: BenchFile, dtype: str = "bf16", stats: Optional[List[dict]] = None) -> go.Figure:
+    """Recorded error distributions vs length: per implementation the maximum absolute error over the sampled
+    rows (solid), the 99th (dashed) and 50th (dotted) percentile of the per-row maximum."""
+    fig = go.Figure()
+    Ns = bf.distinct("N", check="error", dtype=dtype)
+    for impl in (Impl.OURS, Impl.FLEX, Impl.CUDNN):
+        rows = {r.case["N"]: r for r in bf.select(impl, Pass.FWD, check="error", dtype=dtype) if r.ms is not None}
+        if not rows:
+            raise LookupError(f"no error rows of {impl!r} for {dtype} in {bf.suite!r}")
+        x = [n for n in Ns if n in rows]
+        for key, dash, what in (("max_abs", "solid", "max"), ("row_max_abs_p99", "dash", "p99"),
+                                ("row_max_abs_p50", "dot", "p50")):
+            fig.add_trace(go.Scatter(x=x, y=[rows[n].get(key) for n in x], mode="lines+markers",
+                                     line=dict(color=COLORS[impl], dash=dash), name=f"{LABELS[impl]}: {what}",
+                                     legendgroup=impl))
+    case = bf.select(Impl.OURS, Pass.FWD, check="error", dtype=dtype, N=max(Ns))[0].case  # the longest: sampled
+    fig.update_layout(xaxis=dict(type="log", title="sequence length N (tokens, log scale)", tickvals=Ns,
+                                 ticktext=[f"{n // 1024}k" for n in Ns], range=_log_range(Ns)),
+                      yaxis=dict(type="log", title="|O - O_ref| per row (output units, log scale)"),
+                      height=480, title_font_size=12, legend=dict(orientation="h", y=-0.3),
+                      title=(f"Error vs length, causal, {dtype}, H={case['H']}, D={case['D']}, against fp64 "
+                             f"(all rows up to {E.FULL_ROWS}, else {case['rows']} sampled)<br>{bf.caption()}"))
+    return fig
+
+
+def _log_range(xs: Sequence[float]):
+    import math
+    lo, hi = math.log10(min(xs)), math.log10(max(xs))
+    pad = 0.04 * (hi - lo if hi > lo else 1)
+    return [lo - pad, hi + pad]
+
+
+def repeat_rows(bf: BenchFile) -> List[dict]:
+    """The repeatability records: implementation, pass, dtype, N, runs, bitwise equal, dQ spread (atomic)."""
+    out = []
+    for r in bf.select(pass_=[Pass.FWD, Pass.BWD], check="repeat"):
+        out.append({"impl": r.impl, "pass": r.pass_, "dtype": r.case["dtype"], "N": r.case["N"],
+                    "runs": r.case["runs"], "bitwise": r.get("bitwise_repeatable"),
+                    "dq_spread": r.get("dq_run_to_run_max_abs"), "ms": r.ms})
+    return out
+
+
+#: The edge cases of the source material: what each exercises, what a bug there does, where it is tested.
+EDGE_CASES = [
+    ("block boundary ±1", "the clipped last tile: masks on loads, tile classes of ragged tiles",
+     "an unmasked load past L (wrong rows) or a ragged tile classified full", "tests/test_edges.py"),
+    ("length below one block", "a single clipped tile in both directions", "garbage rows beyond L",
+     "tests/test_edges.py"),
+    ("one valid key", "rows whose softmax is a single 1", "an off-by-one in the window drops it: an empty row",
+     "tests/test_edges.py"),
+    ("sinks ∩ window overlap", "keys that two patterns allow", "a key counted twice shifts the softmax",
+     "tests/test_edges.py"),
+    ("a tile missing one allowed cell", "the full/partial classification", "the cell is attended anyway",
+     "tests/test_planted.py"),
+    ("kernel tiles inside layout tiles", "row/column offsets into tile bits", "the mask of the tile's first rows "
+     "is used for all", "tests/test_planted.py"),
+    ("duplicate / out-of-range indices", "validation", "double counting or reads past the table",
+     "tests/test_edges.py, the bad-input table"),
+    ("empty rows", "o = 0, LSE = −∞, zero gradient", "NaN from 0/0", "tests/test_edges.py"),
+    ("pages shared by forks", "copy-on-write and shared page bounds", "one sequence sees the other's tokens",
+     "tests/test_edges.py"),
+    ("decode merge over many splits", "the merge across chunks of splits", "a missing rescale between chunks",
+     "tests/test_planted.py"),
+    ("page key min/max", "the selection bound", "a stale bound ranks the page wrongly", "tests/test_planted.py"),
+    ("ties in top-k", "the tie rule: lower page first", "kernel and reference choose different pages",
+     "tests/test_fixes.py (5)"),
+    ("NaN and ±huge logits", "the NaN rule, the fp32 range", "NaN spreads to rows that never see it",
+     "tests/test_fixes.py (6), tests/test_edges.py"),
+    ("dQ, dK, dV separately", "each gradient on its own", "one wrong gradient hidden by the others",
+     "tests/test_properties.py"),
+]
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], code_cols: Sequence[int] = ()) -> str:
+    def cell(i, x):
+        x = html.escape(str(x))
+        return f"<td><code>{x}</code></td>" if i in code_cols else f"<td>{x}</td>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(cell(i, x) for i, x in enumerate(r)) + "</tr>" for r in rows)
+    return (f'<table class="table" style="font-size:85%"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            f"</table>")
+
+
+def edge_case_table() -> str:
+    """:data:`EDGE_CASES` as an HTML table."""
+    return _html_table(["edge case", "what it exercises", "what a bug there does", "tested in"], EDGE_CASES)
+
+
+def bad_input_table(rows: Optional[List[tuple]] = None, max_message: int = 110) -> str:
+    """The bad-input catalogue as an HTML table: every row is run now and its actual message shown (a row
+    that no longer raises what it should fails here, so the table cannot drift from the code)."""
+    rows = rows if rows is not None else _catalogue.table()
+    shown = [(f, a, k, e, m if len(m) <= max_message else m[: max_message - 1] + "…") for f, a, k, e, m in rows]
+    return _html_table(["function", "argument", "bad value", "raises", "message (as raised now)"], shown,
+                       code_cols=(0, 1, 4))
