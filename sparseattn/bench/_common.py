@@ -201,17 +201,22 @@ def tile_flops(layout, H: int, D: int) -> float:
 _FLEX = {}
 
 
+def raise_recompile_limits() -> None:
+    """Let torch.compile recompile for every shape and mask_mod of a suite: past the default limit it falls
+    back silently to a very slow eager path."""
+    import torch._dynamo
+    cfg = torch._dynamo.config
+    if hasattr(cfg, "recompile_limit"):
+        cfg.recompile_limit = max(cfg.recompile_limit, 1024)
+    if hasattr(cfg, "cache_size_limit"):
+        cfg.cache_size_limit = max(cfg.cache_size_limit, 1024)
+
+
 def compiled_flex():
-    """``torch.compile(flex_attention)``, once per process, with the recompile limit raised (FlexAttention
-    otherwise falls back silently to a very slow eager path after a few shapes)."""
+    """``torch.compile(flex_attention)``, once per process, with the recompile limit raised."""
     if "fn" not in _FLEX:
-        import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
-        cfg = torch._dynamo.config
-        if hasattr(cfg, "recompile_limit"):
-            cfg.recompile_limit = max(cfg.recompile_limit, 1024)
-        if hasattr(cfg, "cache_size_limit"):
-            cfg.cache_size_limit = max(cfg.cache_size_limit, 1024)
+        raise_recompile_limits()
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     return _FLEX["fn"]
 

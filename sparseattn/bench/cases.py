@@ -52,9 +52,10 @@ def prefill_layout(pattern: str, N: int, block: int = 128, device="cuda") -> Blo
 
 
 def dense_pattern_of(pattern: str) -> str:
-    """The dense baseline doing the same work as a pattern's envelope: ``"causal"`` for causal, else
-    ``"dense"`` (the case pattern of the cuDNN/FA2 rows)."""
-    return "causal" if pattern == "causal" else "dense"
+    """The dense baseline doing the same work as a pattern's envelope (the case pattern of the cuDNN/FA2
+    rows): ``"causal"`` for every causal pattern (causal, and the causal windows with or without sinks),
+    ``"dense"`` for the block-level ``random10%+diag``, which spans the whole grid."""
+    return "causal" if pattern in _PREFILL_MASK_MODS else "dense"
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -59,6 +59,14 @@ class Env:
     def live_gpu(self) -> bool:
         return self.device == "cuda"
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """What live cells compute in: bf16 on a GPU with bf16 tensor cores (sm_80+), fp16 on older ones
+        (Colab's T4), fp32 in the interpreter (its bf16 arithmetic is wrong)."""
+        if not self.live_gpu:
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
+
 
 def _register_static_renderer():
     import plotly.io as pio

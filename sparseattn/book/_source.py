@@ -64,17 +64,22 @@ class Source:
         return self.text
 
 
-def source(obj, section: Optional[str] = None, *, dedent: bool = True) -> Source:
+def source(obj, section: Optional[str] = None, *, start: Optional[str] = None, stop: Optional[str] = None,
+           dedent: bool = True) -> Source:
     """The source of ``obj`` (a function, class, module or Triton kernel) as a displayable :class:`Source`.
 
     ``section``: the start of a section title (``"which rows"`` selects ``# ---- which rows this program
-    owns ----``); the lines from that marker to the next. Raises ValueError naming the sections when none
-    matches."""
+    owns ----``); the lines from that marker to the next. ``start``/``stop``: the lines from the first one
+    containing ``start`` up to (not including) the next one containing ``stop`` (``stop=None``: to the end),
+    for code without markers. Raises ValueError naming what was not found, so a chapter whose anchor
+    disappeared from the code fails its build instead of showing the wrong lines."""
     fn = _unwrap(obj)
     lines, first = inspect.getsourcelines(fn)
     path = inspect.getsourcefile(fn) or ""
     short = path[path.rfind("sparseattn/"):] if "sparseattn/" in path else path
     title = getattr(fn, "__qualname__", getattr(fn, "__name__", ""))
+    if section is not None and (start is not None or stop is not None):
+        raise ValueError("give either section or start/stop, not both")
     if section is not None:
         found = [s for s in sections(fn) if s[0].startswith(section)]
         if len(found) != 1:
@@ -83,5 +88,20 @@ def source(obj, section: Optional[str] = None, *, dedent: bool = True) -> Source
                              f"got {section!r}, titles: {names}")
         t, a, b = found[0]
         lines, first, title = lines[a:b], first + a, f"{title}: {t}"
+    elif start is not None or stop is not None:
+        a = 0
+        if start is not None:
+            hits = [i for i, line in enumerate(lines) if start in line]
+            if not hits:
+                raise ValueError(f"start={start!r} is on no line of {title}")
+            a = hits[0]
+        b = len(lines)
+        if stop is not None:
+            hits = [i for i, line in enumerate(lines) if stop in line and i > a]
+            if not hits:
+                raise ValueError(f"stop={stop!r} is on no line of {title} after line {first + a}")
+            b = hits[0]
+        lines, first = lines[a:b], first + a
+        title = f"{title}, lines {first}-{first + len(lines) - 1}"
     text = "".join(lines).rstrip("\n")
     return Source(textwrap.dedent(text) if dedent else text, title, first, short)

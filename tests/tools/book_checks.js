@@ -39,6 +39,15 @@ async () => {
       const valueAxis = (t.orientation === 'h') ? 'x' : 'y';
       if (t.type === 'bar' && letter === valueAxis && ax.type !== 'log') vals.push(0);
     }
+    // an animation's axes are fixed for all its frames: judge them against the data of every frame
+    const frames = (gd._transitionData && gd._transitionData._frames) || [];
+    for (const fr of frames) {
+      for (const [k, d] of (fr.data || []).entries()) {
+        const t = gd._fullData[fr.traces ? fr.traces[k] : k];
+        if (!t || t.visible !== true || t[letter + 'axis'] !== id || !d) continue;
+        vals.push(...nums(d[letter]));
+      }
+    }
     for (const s of (gd._fullLayout.shapes || [])) {
       if (s.visible === false) continue;
       if (s[letter + 'ref'] === id) vals.push(...nums([s[letter + '0'], s[letter + '1']]));
