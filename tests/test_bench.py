@@ -433,7 +433,7 @@ def test_recorded_figures_fail_loudly_on_a_missing_series():
     assert len(ch05_prefill.prefill_time_figure(prefill, "window1024").data) == 5  # ours, Flex, naive, cuDNN, FA2
     no_flex = BenchFile(prefill.meta, tuple(r for r in prefill.records if r.impl != Impl.FLEX))
     with pytest.raises(LookupError, match="flex"):
-        ch05_prefill.prefill_table_figure(no_flex)
+        ch05_prefill.prefill_table(no_flex)
     with pytest.raises(LookupError, match="sparseattn-atomic"):
         ch06_backward.backward_figure(BenchFile(load("backward").meta, tuple(
             r for r in load("backward").records if r.impl != Impl.OURS_ATOMIC)), prefill)

@@ -68,17 +68,21 @@ def fetch_assets(vendor: pathlib.Path) -> None:
 def _on_config_inited(app, config):
     os.environ["SPARSEATTN_BOOK_BUILD"] = "1"
     fetch_assets(pathlib.Path(app.srcdir) / "_vendor")
-    config.html_theme_options = {**(config.html_theme_options or {})}
-    config.html_theme_options.setdefault("default_mode", "light")
 
 
 def _script_key(script) -> tuple:
+    """What makes two page scripts the same: the file (an inline script has None or "", depending on who
+    added it) and its attributes (an inline script's body among them)."""
+    filename = getattr(script, "filename", script) or ""
     attrs = getattr(script, "attributes", {}) or {}
-    return (str(script), tuple(sorted((k, str(v)) for k, v in attrs.items())))
+    return (str(filename), tuple(sorted((k, str(v)) for k, v in attrs.items())))
 
 
-def _dedupe_scripts(app, pagename, templatename, context, doctree):
-    """Each script once per page, in first-seen order (a duplicated inline ``const`` is a SyntaxError)."""
+def _page_context(app, pagename, templatename, context, doctree):
+    """Each script once per page, in first-seen order (a duplicated inline ``const`` is a SyntaxError), and
+    an explicit light mode for the theme's script (it logs an error for an empty one)."""
+    if not context.get("default_mode"):
+        context["default_mode"] = "light"
     scripts = context.get("script_files")
     if not scripts:
         return
@@ -93,6 +97,6 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
 
 def setup(app):
     app.connect("config-inited", _on_config_inited)
-    app.connect("html-page-context", _dedupe_scripts, priority=900)
+    app.connect("html-page-context", _page_context, priority=900)
     app.add_css_file("sparseattn.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -82,7 +82,7 @@ def _register_static_renderer():
             height = (fig_dict.get("layout") or {}).get("height") or 480
             html = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False, full_html=False,
                                default_width="100%", default_height=height, validate=False,
-                               config={"responsive": True})
+                               auto_play=False, config={"responsive": True})
             return {"text/html": html}
 
     pio.renderers["sparseattn_book"] = BookRenderer()

@@ -113,10 +113,13 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
     sliders = [first[k] for k in controlled if kind[k] == "slider"]
     menus = [first[k] for k in controlled if kind[k] == "dropdown"]
     margin = out.layout.margin.to_plotly_json() if out.layout.margin else {}
-    top, bottom = margin.get("t", 80), margin.get("b", 60)
+    top, bottom = max(margin.get("t", 80), 90), margin.get("b", 60)
     extra_top = _DROPDOWN_ROW if menus else 0
     extra_bottom = _SLIDER_ROW * len(sliders)
     height = (out.layout.height or 450) + extra_top + extra_bottom
+    plot_h = height - (top + extra_top) - (bottom + extra_bottom)
+    for m in menus:  # between the title and the subplot titles: 30 px above the plotting area
+        m["y"] = 1 + 30 / max(plot_h, 100)
     out.update_layout(sliders=sliders, updatemenus=menus, height=height, title_text=updates[base]["title.text"],
                       margin={**margin, "t": top + extra_top, "b": bottom + extra_bottom})
     return out

@@ -67,10 +67,10 @@ def layout_figure(pattern: str = "sinks + window", L: int = 512, block: int = 64
         fig.add_shape(type="line", y0=0, y1=L, x0=j * block, x1=j * block, line=dict(color="#4a90d9", width=0.6),
                       row=1, col=1)
     fig.add_trace(tile_trace(layout), 1, 2)
-    for c, unit in ((1, "position"), (2, "tile")):
-        fig.update_yaxes(autorange="reversed", scaleanchor=f"x{c if c > 1 else ''}", title_text=f"query {unit}",
-                         row=1, col=c)
-        fig.update_xaxes(title_text=f"key {unit}", row=1, col=c)
+    for c, unit in ((1, "position"), (2, "tile")):  # square cells: shrink the domain, never widen the range
+        fig.update_yaxes(autorange="reversed", scaleanchor=f"x{c if c > 1 else ''}", constrain="domain",
+                         title_text=f"query {unit}", row=1, col=c)
+        fig.update_xaxes(title_text=f"key {unit}", constrain="domain", row=1, col=c)
     fig.update_layout(
         title=(f"{pattern}, L={L}, tiles {block}x{block}: ρ = {st['tile_amplification']:.2f}<br><sup>"
                f"logical density {st['logical_density']:.3f}, physical {st['physical_density']:.3f}; "
@@ -146,8 +146,8 @@ def selection_contrast_figure(member_keep: float = 0.25) -> go.Figure:
     lay_b, lay_t, o_b, o_t = selection_contrast(member_keep=member_keep)
     sb, stt = lay_b.stats(), lay_t.stats()
     diff = (o_b - o_t).norm(dim=-1)[0, 0]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("what the two selections cost and use",
-                                                        "output difference per query"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("cost and cells used", "output difference"),
+                        horizontal_spacing=0.15)
     names = ["tiles read", "allowed cells (x1000)"]
     fig.add_trace(go.Bar(x=names, y=[sb["listed_tiles"], sb["logical_edges"] / 1000], name="block-level"), 1, 1)
     fig.add_trace(go.Bar(x=names, y=[stt["listed_tiles"], stt["logical_edges"] / 1000], name="token-level"), 1, 1)
@@ -159,7 +159,7 @@ def selection_contrast_figure(member_keep: float = 0.25) -> go.Figure:
     fig.update_layout(title=(f"Same {sb['listed_tiles']} tiles read, different outputs<br><sup>token-level "
                              f"keeps {member_keep:.0%} of each tile's keys: ρ {stt['tile_amplification']:.1f} vs "
                              f"{sb['tile_amplification']:.1f}; fp64 on the CPU</sup>"),
-                      height=430, title_font_size=14)
+                      height=460, title_font_size=14, legend=dict(orientation="h", y=-0.25))
     return fig
 
 

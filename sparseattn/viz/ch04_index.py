@@ -27,8 +27,8 @@ def table_heatmaps(layout: BlockLayout, title: str = "") -> go.Figure:
         for j in range(nk):
             for r, i in enumerate(index[0, 0, j, : int(count[0, 0, j])].tolist()):
                 bwd[i, j] = r + off
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward: row i lists key tiles (dQ, O)",
-                                                         "transposed: column j lists query tiles (dK, dV)"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("rows (O, dQ)", "columns (dK, dV)"),
+                        horizontal_spacing=0.12)
     fig.add_trace(go.Heatmap(z=fwd.tolist(), colorscale="Blues", showscale=False, xgap=1, ygap=1,
                              hovertemplate="q tile %{y}, kv tile %{x}: position %{z}<extra></extra>"), 1, 1)
     fig.add_trace(go.Heatmap(z=bwd.tolist(), colorscale="Oranges", showscale=False, xgap=1, ygap=1,

@@ -82,10 +82,11 @@ def tile_walk_figure(pattern: str = "sinks + window", L: int = 256, block: int =
     lay, qi, steps = walk["layout"], walk["q_tile"], walk["steps"]
     rows = list(range(len(steps[0]["m"]))) if steps else []
     fig = make_subplots(rows=2, cols=2, column_widths=[0.5, 0.5], specs=[[{"rowspan": 2}, {}], [None, {}]],
-                        subplot_titles=("tiles of the block table", "running max m per query row",
-                                        "running sum l per query row"), horizontal_spacing=0.14,
-                        vertical_spacing=0.16)
-    fig.add_trace(tile_trace(lay, colorbar_x=0.43), 1, 1)
+                        subplot_titles=("tiles in load order", "running max m", "running sum l"),
+                        horizontal_spacing=0.16, vertical_spacing=0.24)
+    key = tile_trace(lay)
+    key.colorbar.update(orientation="h", x=0.0, xanchor="left", y=-0.15, yanchor="top", len=0.42, thickness=12)
+    fig.add_trace(key, 1, 1)
     fig.add_shape(type="rect", x0=-0.5, x1=lay.nk - 0.5, y0=qi - 0.5, y1=qi + 0.5, line=dict(color="#d62728",
                   width=2), row=1, col=1)
 
@@ -111,13 +112,15 @@ def tile_walk_figure(pattern: str = "sinks + window", L: int = 256, block: int =
     n0 = len(fig.data) - 4
     fig.frames = [go.Frame(data=frame_data(t), traces=list(range(n0, n0 + 4)), name=str(t))
                   for t in range(len(steps))]
-    labels = [f"{t + 1}: tile {s['tile']} ({s['kind']})" for t, s in enumerate(steps)]
+    labels = [f"tile {s['tile']}, {s['kind']}" for s in steps]
     fig.update_layout(
-        sliders=[dict(active=0, currentvalue={"prefix": "step "}, pad={"t": 40}, x=0.1, len=0.9,
+        sliders=[dict(active=0, currentvalue={"prefix": "loading: "}, pad={"t": 125}, x=0.14, len=0.86,
+                      font=dict(size=10),
                       steps=[dict(method="animate", label=lab, args=[[str(t)], {"mode": "immediate",
                              "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}])
                              for t, lab in enumerate(labels)])],
-        updatemenus=[dict(type="buttons", showactive=False, x=0.0, y=-0.06, xanchor="left", yanchor="top",
+        updatemenus=[dict(type="buttons", showactive=False, x=0.0, y=0.0, xanchor="left", yanchor="top",
+                          pad={"t": 150, "r": 10},
                           buttons=[dict(label="play", method="animate", args=[None, {
                               "frame": {"duration": 700, "redraw": True}, "fromcurrent": True,
                               "transition": {"duration": 0}}])])],
@@ -125,7 +128,7 @@ def tile_walk_figure(pattern: str = "sinks + window", L: int = 256, block: int =
                f"{sum(s['kind'] == 'partial' for s in steps)} partial tiles, then "
                f"{sum(s['kind'] == 'full' for s in steps)} full; eager fp64 replay on the CPU, "
                f"final error {walk['error']:.0e}</sup>"),
-        height=560, title_font_size=14, margin=dict(t=100, b=130), legend=dict(orientation="h", y=-0.32))
+        height=660, title_font_size=14, margin=dict(t=100, b=210), showlegend=False)
     fig.update_yaxes(autorange="reversed", title_text="query tile", row=1, col=1)
     fig.update_xaxes(title_text="key tile", range=[-0.5, lay.nk - 0.5], row=1, col=1)
     fig.update_xaxes(title_text="query row in the tile", row=1, col=2)
@@ -155,10 +158,12 @@ def prefill_time_figure(doc: BenchFile, pattern: str = "window1024") -> go.Figur
             fig.add_trace(go.Scatter(x=[r.case["N"] for r in rs], y=[r.ms for r in rs], mode="lines+markers",
                                      name=f"{label} {dense_pat} (same work)",
                                      line=dict(color=COLORS[impl], dash="dash")))
+    Ns = doc.distinct("N")
     fig.update_layout(title=f"{pattern}: forward time<br><sup>bf16, B=1, H=16, D=128, tiles 128x128; "
                             f"{doc.caption()}</sup>",
                       xaxis_title="sequence length N (tokens)", yaxis_title="time (ms, median)", xaxis_type="log",
-                      yaxis_type="log", height=440, title_font_size=14)
+                      yaxis_type="log", height=500, title_font_size=14, legend=dict(orientation="h", y=-0.22))
+    fig.update_xaxes(tickvals=Ns, ticktext=[f"{n // 1024}k" for n in Ns])
     return fig
 
 
@@ -187,8 +192,8 @@ def prefill_speedup_figure(doc: BenchFile) -> go.Figure:
     fig.update_layout(title=f"Speedup of the sparse kernel against logical density<br><sup>every pattern and "
                             f"N of the prefill suite; {doc.caption()}</sup>",
                       xaxis_title="logical density (allowed cells / all cells)",
-                      yaxis_title="time(baseline) / time(ours)", xaxis_type="log", yaxis_type="log", height=440,
-                      title_font_size=14)
+                      yaxis_title="time(baseline) / time(ours)", xaxis_type="log", yaxis_type="log", height=460,
+                      title_font_size=14, legend=dict(orientation="h", y=-0.22))
     return fig
 
 

@@ -115,7 +115,7 @@ def decode_keep_figure(doc: BenchFile) -> go.Figure:
     """From the ``decode_keep`` suite, per batch: decode and the whole step (select + decode), both in a
     CUDA graph, vs the fraction of K/V bytes kept, against dense decode through the cache and cuDNN."""
     batches = doc.distinct("B")
-    fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[
+    fig = make_subplots(rows=1, cols=len(batches), horizontal_spacing=0.1, subplot_titles=[
         f"B={b}, L={doc.distinct('N', B=b)[0] // 1024}k" for b in batches])
     for col, b in enumerate(batches, start=1):
         for pass_, name, color in ((Pass.DECODE_GRAPH, "decode", COLORS[Impl.OURS]),
@@ -130,7 +130,8 @@ def decode_keep_figure(doc: BenchFile) -> go.Figure:
                                      line=dict(color=COLORS[impl], dash="dot"), showlegend=col == 1), row=1, col=col)
         fig.update_xaxes(title_text="fraction of pages kept", row=1, col=col)
     for col in range(1, len(batches) + 1):
-        fig.update_yaxes(title_text="time per step (ms)", type="log", row=1, col=col)
+        fig.update_yaxes(title_text="time per step (ms)" if col == 1 else "time (ms)", type="log", row=1,
+                         col=col)
     fig.update_layout(height=450, title_font_size=14, legend=dict(orientation="h", y=-0.3),
                       title=f"Selected decode against the kept fraction<br><sup>page size 16, CUDA graphs; "
                             f"{doc.caption()}</sup>")
@@ -210,6 +211,7 @@ def decode_sweep_figure(doc: BenchFile) -> go.Figure:
                      if (r.extra["config"]["block_n"], r.extra["config"]["num_warps"], r.extra["config"]["num_stages"],
                          r.extra["config"]["head_fastest"]) == (64, 4, 2, True))
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name))
+    fig.update_xaxes(tickvals=sorted({r.extra["config"]["programs_per_sm"] for rs in by_case.values() for r in rs}))
     fig.update_layout(xaxis_title="split target: programs per SM", xaxis_type="log", height=420,
                       yaxis_title="time / best config of the case", title_font_size=14,
                       legend=dict(orientation="h", y=-0.25),

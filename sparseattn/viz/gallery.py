@@ -73,9 +73,9 @@ def gallery_figure(label: str = "sinks + window", L: int = 256) -> go.Figure:
         fig.add_trace(tile_trace(lay, showscale=c == 3), 1, c)
     for c in (1, 2, 3):
         unit = "position" if c == 1 else "tile"
-        fig.update_yaxes(autorange="reversed", scaleanchor=f"x{c if c > 1 else ''}", title_text=f"query {unit}",
-                         row=1, col=c)
-        fig.update_xaxes(title_text=f"key {unit}", row=1, col=c)
+        fig.update_yaxes(autorange="reversed", scaleanchor=f"x{c if c > 1 else ''}", constrain="domain",
+                         title_text=f"query {unit}", row=1, col=c)
+        fig.update_xaxes(title_text=f"key {unit}", constrain="domain", row=1, col=c)
     st = lays[0].stats()
     fig.update_layout(title=f"{label}: {code.split('  #')[0]}<br><sup>L = {L}, logical density "
                             f"{st['logical_density']:.3f}; computed on the CPU from the block tables</sup>",

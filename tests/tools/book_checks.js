@@ -155,6 +155,7 @@ async () => {
   }
   // outputs state results in words: no bare False next to a claim
   for (const out of document.querySelectorAll('.cell_output')) {
+    if (out.querySelector('.sa-source')) continue;  // package source shown as code, not a claim
     for (const line of out.innerText.split('\n')) {
       if (/(^|[\s:|,(\[])False($|[\s,.;:)\]])/.test(line) && !/=\s*False/.test(line)) {
         problems.push(`an output prints a bare False: "${line.trim().slice(0, 90)}"`);
