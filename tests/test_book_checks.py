@@ -83,8 +83,11 @@ def test_plotly_table_and_clipped_html_table_are_reported(browser, tmp_path):
     table = go.Figure(go.Table(header=dict(values=["a"]), cells=dict(values=[list(range(10))])))
     rows = "".join(f"<tr><td>{i}</td></tr>" for i in range(10))
     clipped = f"<div style='max-height: 60px; overflow-y: auto'><table>{rows}</table></div>"
-    found = _problems(browser, _page(tmp_path, "tables", clipped, [table]))
+    wide = ("<div style='width: 200px; overflow-x: auto'><table><tr>" + "<td>a wide cell</td>" * 20
+            + "</tr></table></div>")
+    found = _problems(browser, _page(tmp_path, "tables", clipped + wide, [table]))
     assert any("a plotly table" in p for p in found) and any("is clipped" in p for p in found)
+    assert any("wider than its container" in p for p in found), found
 
 
 def test_bare_false_next_to_a_claim_is_reported(browser, tmp_path):

@@ -140,7 +140,7 @@ async () => {
       add(', last frame', checkAxes(gd));
     }
   }
-  // HTML tables: all rows visible (no clipping or scrolling ancestor)
+  // HTML tables: all rows and columns visible (no clipping or scrolling ancestor)
   for (const [i, table] of [...document.querySelectorAll('article table, .cell_output table')].entries()) {
     const rows = table.querySelectorAll('tr').length;
     for (let el = table.parentElement; el && el.tagName !== 'ARTICLE' && el !== document.body;
@@ -149,6 +149,12 @@ async () => {
       if ((oy === 'auto' || oy === 'scroll' || oy === 'hidden') && el.scrollHeight > el.clientHeight + 2) {
         problems.push(`table ${i + 1} (${rows} rows) is clipped by its container: ${el.scrollHeight} px of ` +
                       `rows in ${el.clientHeight} px`);
+        break;
+      }
+      const ox = getComputedStyle(el).overflowX;
+      if ((ox === 'auto' || ox === 'scroll' || ox === 'hidden') && el.scrollWidth > el.clientWidth + 2) {
+        problems.push(`table ${i + 1} is wider than its container (${el.scrollWidth} px in ` +
+                      `${el.clientWidth} px): columns are cut or scrolled out of sight`);
         break;
       }
     }
