@@ -76,3 +76,24 @@ def test_assert_close_reports_nan_and_the_worst_element():
         X.assert_close(torch.tensor([float("nan")]), torch.tensor([1.0]), "nan")
     with pytest.raises(AssertionError, match=r"2 at \(1,\), expected 3"):
         X.assert_close(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]), "off")
+
+
+def test_checks_run_in_the_interpreter_where_triton_compiles_for_a_gpu():
+    """On a GPU machine Triton's own helpers (tl.max, tl.zeros, ...) are compiled-only; a check must still
+    run its interpreted harness there, and leave the compiled helpers in place afterwards. Simulated in a
+    fresh process that believes a GPU is present (no kernel is launched on it)."""
+    from conftest import run_fresh_python
+    run_fresh_python(
+        "import torch; torch.cuda.is_available = lambda: True\n"
+        "import sparseattn._runtime as R; assert R.select_backend() == 'cuda'\n"
+        "import triton.language as tl; before = tl.max\n"
+        "from sparseattn.exercises import all_exercises\n"
+        "for ex in all_exercises():\n"
+        "    ex.check(ex.solution)\n"
+        "    for bad in ex.mistakes:\n"
+        "        try:\n"
+        "            ex.check(bad)\n"
+        "        except AssertionError:\n"
+        "            continue\n"
+        "        raise SystemExit(f'{ex.name}: a mistake passed')\n"
+        "assert tl.max is before, 'the compiled helpers were not restored'\n")

@@ -16,6 +16,7 @@ compile anything.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, List, Sequence
 
@@ -69,6 +70,37 @@ def interpreted(fn):
     return InterpretedFunction(_python_function(fn))
 
 
+@contextlib.contextmanager
+def _interpreted_stdlib():
+    """Triton's own ``@jit`` helpers (``tl.max``, ``tl.sum``, ``tl.zeros``, ...) are interpreted only when
+    ``TRITON_INTERPRET`` was set before Triton was imported; on a GPU machine they are compiled-only, and an
+    interpreted kernel that calls them fails. For the duration of a check, wrap them as interpreted functions,
+    then put the compiled ones back (the GPU kernels of the package keep compiling against those)."""
+    import sys
+
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    try:  # imported lazily by the interpreter's argument handling; it wants the compiled helpers at import
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:  # pragma: no cover - other Triton versions
+        pass
+    mods = {id(m): m for name, m in list(sys.modules.items())
+            if m is not None and name.startswith("triton.language")}
+    mods[id(tl)] = tl
+    saved = []
+    for mod in mods.values():
+        for name, obj in list(vars(mod).items()):
+            if isinstance(obj, JITFunction) and not isinstance(obj, InterpretedFunction):
+                saved.append((mod, name, obj))
+                setattr(mod, name, InterpretedFunction(obj.fn))
+    try:
+        yield
+    finally:
+        for mod, name, obj in saved:
+            setattr(mod, name, obj)
+
+
 def _root_cause(e: BaseException) -> BaseException:
     seen = set()
     while e.__cause__ is not None and id(e) not in seen:
@@ -85,7 +117,7 @@ def run(what: str, call: Callable):
     import numpy as np
     try:
         # the interpreter computes with numpy: overflow/NaN of a wrong candidate is judged by the check itself
-        with np.errstate(all="ignore"), warnings.catch_warnings():
+        with np.errstate(all="ignore"), warnings.catch_warnings(), _interpreted_stdlib():
             warnings.simplefilter("ignore", RuntimeWarning)
             return call()
     except AssertionError:

@@ -72,10 +72,11 @@ def _mistake_descending_rows(count, index, nk):
 def check_transpose_rows(fn) -> None:
     """Transpose the partial-tile rows of three layouts with ``fn`` and compare every listed entry with the
     package's own transposed lists. Raises AssertionError naming the first wrong column."""
-    cases = {"sinks + window": BlockLayout.from_mask_mod(P.sinks_window(8, 100), 512, 512, 32, 32),
-             "dilated": BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.dilated(3)), 256, 256, 32, 32),
+    cpu = dict(device="cpu")  # the check is about the algorithm: eager PyTorch on the CPU, on any machine
+    cases = {"sinks + window": BlockLayout.from_mask_mod(P.sinks_window(8, 100), 512, 512, 32, 32, **cpu),
+             "dilated": BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.dilated(3)), 256, 256, 32, 32, **cpu),
              "block-random": BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.block_random(0.3, 32, seed=2)),
-                                                       384, 384, 32, 32)}
+                                                       384, 384, 32, 32, **cpu)}
     for name, lay in cases.items():
         for count, index, q_count, q_index in ((lay.kv_count, lay.kv_index, lay.q_count, lay.q_index),
                                                (lay.full_count, lay.full_index, lay.full_q_count, lay.full_q_index)):
