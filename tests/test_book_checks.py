@@ -105,3 +105,9 @@ def test_console_errors_and_bad_explorer_states_are_reported(browser, tmp_path):
     assert any("already been declared" in p for p in found), found
     assert any("console.error: boom" in p for p in found), found
     assert any('dropdown 1 "bad"' in p and "yaxis runs" in p for p in found), found
+
+
+def test_an_output_line_cut_on_the_right_is_reported(browser, tmp_path):
+    line = "a claim printed on one line far wider than the column it is shown in " * 3
+    html = f"<div class='cell_output' style='width: 300px'><pre style='overflow-x: auto'>{line}</pre></div>"
+    assert any("output line is cut" in p for p in _problems(browser, _page(tmp_path, "wide", html)))

@@ -48,6 +48,7 @@ table.sa-table th, table.sa-table td { border-bottom: 1px solid #ddd; padding: 2
 table.sa-table th { vertical-align: bottom; }
 table.sa-table th:first-child, table.sa-table td:first-child { text-align: left; }
 table.sa-table thead th { border-bottom: 2px solid #999; }
+div.cell_output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 """
 
 

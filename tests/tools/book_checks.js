@@ -159,6 +159,22 @@ async () => {
       }
     }
   }
+  // text outputs and display math fit the page: nothing cut off or scrolled out of sight on the right
+  for (const pre of document.querySelectorAll('.cell_output pre')) {
+    if (pre.closest('.sa-source')) continue;  // package source scrolls sideways like any code listing
+    if (pre.scrollWidth > pre.clientWidth + 2) {
+      problems.push(`an output line is cut (${pre.scrollWidth} px in ${pre.clientWidth} px): ` +
+                    `"${pre.innerText.split('\n').find(l => l.length > 60) || ''}"`.slice(0, 140));
+    }
+  }
+  for (const eq of document.querySelectorAll('mjx-container[display="true"]')) {
+    const host = eq.parentElement.getBoundingClientRect(), box = eq.firstElementChild
+      ? eq.firstElementChild.getBoundingClientRect() : eq.getBoundingClientRect();
+    if (box.width > host.width + 2) {
+      problems.push(`an equation is wider than the page (${Math.round(box.width)} px in ` +
+                    `${Math.round(host.width)} px): "${eq.textContent.slice(0, 50)}"`);
+    }
+  }
   // outputs state results in words: no bare False next to a claim
   for (const out of document.querySelectorAll('.cell_output')) {
     if (out.querySelector('.sa-source')) continue;  // package source shown as code, not a claim
