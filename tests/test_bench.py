@@ -365,6 +365,7 @@ def test_backward_suite_on_cpu(cpu_stand_ins):
 @STAND_IN_WARNINGS[1]
 def test_layout_suite_on_cpu(cpu_stand_ins):
     from sparseattn.bench import layout_build
+    cpu_stand_ins.setattr(layout_build, "FLEX_MASK_MODES", (False,))  # compiled: see the next test
     records, table, cols = layout_build.run(_args())
     bf = _check_run(layout_build, records, table, cols, (Impl.OURS, Pass.LAYOUT), (Impl.OURS, Pass.TRANSPOSE),
                     (Impl.FLEX, Pass.LAYOUT))
@@ -434,7 +435,7 @@ def test_recorded_figures_fail_loudly_on_a_missing_series():
     assert len(ch05_prefill.prefill_time_figure(prefill, "window1024").data) == 5  # ours, Flex, naive, cuDNN, FA2
     no_flex = BenchFile(prefill.meta, tuple(r for r in prefill.records if r.impl != Impl.FLEX))
     with pytest.raises(LookupError, match="flex"):
-        ch05_prefill.prefill_table_figure(no_flex)
+        ch05_prefill.prefill_table(no_flex)
     with pytest.raises(LookupError, match="sparseattn-atomic"):
         ch06_backward.backward_figure(BenchFile(load("backward").meta, tuple(
             r for r in load("backward").records if r.impl != Impl.OURS_ATOMIC)), prefill)
@@ -495,3 +496,21 @@ def test_environment_and_backend_context_on_cpu():
             pass
     with pytest.raises(KeyError):
         C.sdpa_backend("flash3")
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_layout_suite_measures_flex_eager_and_compiled(cpu_stand_ins):
+    """Chapter 3's table shows create_block_mask both ways: one Flex row per mode, labelled, the compiled
+    one really compiled (``_compile=True`` reaches torch.compile; one small pattern keeps it quick)."""
+    from sparseattn.bench import layout_build
+    from sparseattn.viz.ch03_layout import layout_build_table
+    cpu_stand_ins.setattr(layout_build, "LAYOUT_PATTERNS", ["causal"])
+    records, table, cols = layout_build.run(_args())
+    flex = [r for r in records if r.impl == Impl.FLEX]
+    assert [r.get("compiled") for r in flex] == [False, True]
+    assert all(r.ms is not None and "_compile=" in r.get("call") for r in flex), [r.extra for r in flex]
+    assert {"flex_eager_ms", "flex_compiled_ms"} <= set(table[0])
+    bf = BenchFile.from_json({"suite": "layout", **ENV, "results": [r.to_json() for r in records]})
+    row = layout_build_table(bf).rows[0]
+    assert row[:2] == ["causal", 256] and all(c not in ("not measured", "failed") for c in row[2:])

@@ -1,8 +1,22 @@
-"""The built book, opened in headless Chromium with the network cut off: plotly figures must draw, math must
-render, and no page may ask for anything outside the build folder. Screenshots go to _build/screenshots/.
+"""The built book, every page opened in headless Chromium with the network cut off, checked the way a careful
+reader and a technical editor would check it. Per page:
 
-Runs after the README's book build. Without a built book or a Chromium it skips, unless
-SPARSEATTN_REQUIRE_BROWSER=1 (set by .ci/run), where it fails instead.
+* nothing is asked of the network, and the console stays clean: no uncaught exception and no
+  ``console.error`` at all (a doubly declared ``THEBE_JS_URL`` included);
+* every plotly figure draws, math renders;
+* every plotly axis that carries data has a title, and its range stays near the data (a log axis at most
+  half a decade past it, a linear one at most half the data's span): no axis runs to 10^144;
+* titles and annotations fit inside their figure (no cut titles);
+* the same two checks hold in every state of every kernel-free explorer (each dropdown option, each slider
+  step) and on the last frame of every animation;
+* no plotly table (it scrolls rows out of sight inside a fixed-height figure), and every HTML table shows all
+  its rows (no ancestor clips or scrolls it);
+* no output prints a bare boolean ``False`` (a demo states its result in words and asserts it; chapter 2
+  once printed "merging an empty state changes nothing: True False").
+
+Screenshots go to _build/screenshots/. Runs after the README's book build; without a built book or a
+Chromium it skips, unless SPARSEATTN_REQUIRE_BROWSER=1 (set by .ci/run), where it fails instead.
+The checks themselves are tested on small hand-made pages in tests/test_book_checks.py.
 """
 import os
 import pathlib
@@ -11,11 +25,13 @@ import shutil
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-HTML = ROOT / "_build" / "html"
-SHOTS = ROOT / "_build" / "screenshots"
+HTML = pathlib.Path(os.environ.get("SPARSEATTN_BOOK_HTML", ROOT / "_build" / "html"))
+SHOTS = HTML.parent / "screenshots"
 REQUIRED = os.environ.get("SPARSEATTN_REQUIRE_BROWSER", "0") not in ("", "0")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SKIP_PAGES = {"genindex.html", "search.html", "py-modindex.html"}
+CHECKS_JS = (pathlib.Path(__file__).resolve().parent / "tools" / "book_checks.js").read_text()
 
 
 def _need(condition: bool, why: str):
@@ -25,8 +41,12 @@ def _need(condition: bool, why: str):
         pytest.skip(why)
 
 
-def _chapter_pages():
-    return sorted((HTML / "notebooks").glob("*.html")) + [HTML / "book" / "intro.html"]
+def book_pages(html: pathlib.Path = HTML):
+    """Every page of the built book (not Sphinx's index/search pages, not sources or static files)."""
+    if not html.exists():
+        return []
+    return sorted(p.relative_to(html).as_posix() for p in html.rglob("*.html")
+                  if p.name not in SKIP_PAGES and not {"_static", "_sources", "_images"} & set(p.parts))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +64,9 @@ def browser():
         b.close()
 
 
-def _open(browser, page_path: pathlib.Path):
+def open_page(browser, page_path: pathlib.Path):
+    """The page in a fresh context with every non-file request blocked; returns (context, page, blocked,
+    errors) where errors collects uncaught exceptions and console errors."""
     context = browser.new_context(viewport={"width": 1200, "height": 1600})
     blocked = []
 
@@ -58,35 +80,46 @@ def _open(browser, page_path: pathlib.Path):
     context.route("**/*", route)
     page = context.new_page()
     errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    page.on("console", lambda m: errors.append(f"console.error: {m.text}") if m.type == "error" else None)
     page.goto(page_path.as_uri(), wait_until="load")
     return context, page, blocked, errors
 
 
-@pytest.mark.parametrize("name", [p.relative_to(HTML).as_posix() for p in _chapter_pages()] or ["none"])
-def test_page_renders_offline(browser, name):
+def check_page(page, need_figure: bool, screenshot=None) -> list:
+    """Every problem the page shows (empty list: none), after its figures and math have drawn (then the
+    screenshot is taken, before the checks move any control)."""
+    problems = []
+    n_plots = page.locator(".js-plotly-plot").count()
+    if need_figure and n_plots == 0:
+        problems.append("no plotly figure on a chapter page")
+    if n_plots:
+        page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n",
+                               arg=n_plots, timeout=30_000)
+        drawn = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(
+            gd => gd.querySelector('.main-svg') && gd.data && gd.data.length > 0).length""")
+        if drawn != n_plots:
+            problems.append(f"{drawn} of {n_plots} figures drew")
+    if page.locator(".math").count() > 0:
+        page.wait_for_function("() => document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
+    if screenshot is not None:
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshot), full_page=False)
+    problems += page.evaluate(CHECKS_JS)
+    return problems
+
+
+@pytest.mark.parametrize("name", book_pages() or ["none"])
+def test_page(browser, name):
     path = HTML / name
     _need(path.exists(), f"{name} was not built")
-    context, page, blocked, errors = _open(browser, path)
+    context, page, blocked, errors = open_page(browser, path)
     try:
-        n_plots = page.locator(".js-plotly-plot").count()
-        if name.startswith("notebooks/"):
-            assert n_plots > 0, f"{name}: no plotly figure on a chapter page"
-        if n_plots:
-            page.wait_for_function(
-                "n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n", arg=n_plots,
-                timeout=30_000)
-            drawn = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(
-                gd => gd.querySelector('.main-svg') && gd.data && gd.data.length > 0).length""")
-            assert drawn == n_plots, f"{name}: {drawn} of {n_plots} figures drew"
-        has_math = page.locator(".math").count() > 0
-        if has_math:
-            page.wait_for_function("() => document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / (name.replace("/", "_").replace(".html", ".png"))), full_page=False)
-        assert not blocked, f"{name} asked the network for {blocked[:5]}"
-        # sphinx-thebe declares THEBE_JS_URL twice on every page (a theme bug, harmless)
-        errors = [e for e in errors if "THEBE_JS_URL" not in e]
-        assert not errors, f"{name}: JavaScript errors {errors[:3]}"
+        shot = SHOTS / (name.replace("/", "_").replace(".html", ".png"))
+        problems = check_page(page, need_figure=name.startswith("notebooks/"), screenshot=shot)
+        page.wait_for_timeout(200)  # late console errors of the checks' own interactions
+        problems += [f"asked the network for {u}" for u in blocked[:5]]
+        problems += errors[:5]
+        assert not problems, f"{name}:\n  " + "\n  ".join(problems)
     finally:
         context.close()

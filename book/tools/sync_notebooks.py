@@ -23,13 +23,14 @@ def repository() -> tuple:
 def install_cell_source() -> str:
     url, branch = repository()
     return (
-        "# Colab or a fresh kernel: install sparseattn from its repository without touching the installed\n"
-        "# torch/triton (written by book/tools/sync_notebooks.py from _config.yml).\n"
+        "# Colab or a fresh kernel: install sparseattn from its repository, keeping the\n"
+        "# installed torch/triton (written by book/tools/sync_notebooks.py from _config.yml).\n"
         "import importlib.util, subprocess, sys\n"
         "if importlib.util.find_spec(\"sparseattn\") is None:\n"
-        f"    subprocess.check_call([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", \"--no-deps\",\n"
-        f"                           \"sparseattn @ git+{url}@{branch}\"])\n"
-        "    subprocess.check_call([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", \"plotly>=5.20\", \"ipywidgets>=8\"])"
+        "    pip = [sys.executable, \"-m\", \"pip\", \"install\", \"-q\"]\n"
+        f"    src = \"sparseattn @ git+{url}@{branch}\"\n"
+        "    subprocess.check_call(pip + [\"--no-deps\", src])\n"
+        "    subprocess.check_call(pip + [\"plotly>=5.20\", \"ipywidgets>=8\"])"
     )
 
 

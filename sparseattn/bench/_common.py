@@ -22,8 +22,8 @@ from typing import Callable, Iterable, List, Optional
 import torch
 
 from ..roofline.ceilings import device_slug as gpu_slug  # noqa: F401
-from ..roofline.timing import (compiled_flex, flex_fn, graph_step, sdpa_backend, sdpa_fn,  # noqa: F401
-                               synchronize, time_gpu, time_host)
+from ..roofline.timing import (compiled_flex, flex_fn, graph_step, raise_recompile_limits,  # noqa: F401
+                               sdpa_backend, sdpa_fn, synchronize, time_gpu, time_host)
 from .record import DEFAULT_DIR, Record, bench_filename
 
 DEFAULT_OUT = str(DEFAULT_DIR)

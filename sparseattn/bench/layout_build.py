@@ -1,5 +1,7 @@
 """Suite ``layout``: building the block table from a mask_mod (host wall time, peak device memory) and
-transposing it on the device, against FlexAttention's ``create_block_mask`` on the same mask_mod."""
+transposing it on the device, against FlexAttention's ``create_block_mask`` on the same mask_mod, called both
+ways: eagerly (``_compile=False``, its default, which evaluates the mask_mod on all N x N cells at once) and
+compiled (``_compile=True``). Each Flex row says which: ``"compiled"`` (bool) and ``"call"``."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +14,20 @@ from .record import Impl, Pass, Record
 NAME = "layout"
 DEFAULT_N = "32768,131072"
 CONFIG_KIND = None  # no config sweep
-COLUMNS = ["pattern", "N", "build_ms", "transpose_ms", "peak_MB", "tiles", "flex_create_block_mask_ms", "flex/ours"]
+COLUMNS = ["pattern", "N", "build_ms", "transpose_ms", "peak_MB", "tiles", "flex_eager_ms", "flex_compiled_ms",
+           "compiled_flex/ours"]
+#: FlexAttention's create_block_mask is measured eagerly and compiled (``_compile``), in this order.
+FLEX_MASK_MODES = (False, True)
+
+
+def flex_block_mask_call(create_block_mask, compiled: bool):
+    """``create_block_mask`` as the suite calls it: 128-token blocks, ``_compile=compiled``."""
+    if compiled:
+        C.raise_recompile_limits()  # one compile per (mask_mod, N): more than dynamo's default limit
+
+    def call(mm, N, device):
+        return create_block_mask(mm, None, None, N, N, device=device, BLOCK_SIZE=128, _compile=compiled)
+    return call
 
 
 def run(args) -> tuple:
@@ -42,19 +57,29 @@ def run(args) -> tuple:
                 records.append(Record(case, Impl.OURS, Pass.TRANSPOSE, ms_t))
                 row = {"pattern": name, "N": N, "build_ms": round(ms, 3), "transpose_ms": round(ms_t, 3),
                        "peak_MB": round(peak_mb, 1), "tiles": st["listed_tiles"]}
-                if create_block_mask is not None:
+                for compiled in (FLEX_MASK_MODES if create_block_mask is not None else ()):
+                    call = flex_block_mask_call(create_block_mask, compiled)
+                    label = {"compiled": compiled,
+                             "call": f"create_block_mask(..., BLOCK_SIZE=128, _compile={compiled})"}
+                    key = "flex_compiled_ms" if compiled else "flex_eager_ms"
                     try:
-                        flex_ms = C.time_host(lambda: create_block_mask(mm, None, None, N, N, device=dev,
-                                                                        BLOCK_SIZE=128), device=dev)
-                    except torch.OutOfMemoryError:  # it materialises the N x N mask
+                        flex_ms = C.time_host(lambda: call(mm, N, dev), device=dev)
+                    except torch.OutOfMemoryError:  # eager: it materialises the N x N mask
                         C.empty_cache()
-                        records.append(Record(case, Impl.FLEX, Pass.LAYOUT, None,
-                                              {"error": f"out of memory (N x N = {N * N / 2**30:.0f} Gi cells)"}))
-                        row["flex_create_block_mask_ms"] = "OOM"
+                        records.append(Record(case, Impl.FLEX, Pass.LAYOUT, None, {
+                            **label, "error": f"out of memory (N x N = {N * N / 2**30:.0f} Gi cells)"}))
+                        row[key] = "OOM"
+                    except Exception as e:  # noqa: BLE001 - a compile failure is a result, not a crash
+                        if not compiled:
+                            raise
+                        records.append(Record(case, Impl.FLEX, Pass.LAYOUT, None, {
+                            **label, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}))
+                        row[key] = "failed"
                     else:
-                        records.append(Record(case, Impl.FLEX, Pass.LAYOUT, flex_ms))
-                        row["flex_create_block_mask_ms"] = round(flex_ms, 3)
-                        row["flex/ours"] = round(flex_ms / ms, 1)
+                        records.append(Record(case, Impl.FLEX, Pass.LAYOUT, flex_ms, label))
+                        row[key] = round(flex_ms, 3)
+                        if compiled:
+                            row["compiled_flex/ours"] = round(flex_ms / ms, 1)
                 table.append(row)
                 bar.update()
     return records, table, COLUMNS

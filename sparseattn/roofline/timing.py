@@ -68,17 +68,23 @@ def graph_step(fn: Callable):
 _FLEX = {}
 
 
+def raise_recompile_limits() -> None:
+    """Let torch.compile recompile for every shape and mask_mod of a suite: past dynamo's default limit it
+    falls back silently to a very slow eager path."""
+    import torch._dynamo
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 1024))
+
+
 def compiled_flex():
     """``torch.compile(flex_attention, dynamic=False)``, once per process, with the recompile limit raised
-    (FlexAttention otherwise falls back silently to a very slow eager path after a few shapes). Every new
-    sequence length, and every new constant captured by a mask_mod (a window size), compiles again."""
+    (:func:`raise_recompile_limits`). Every new sequence length, and every new constant captured by a
+    mask_mod (a window size), compiles again."""
     if "fn" not in _FLEX:
-        import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
-        cfg = torch._dynamo.config
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(cfg, name):
-                setattr(cfg, name, max(getattr(cfg, name), 1024))
+        raise_recompile_limits()
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     return _FLEX["fn"]
 

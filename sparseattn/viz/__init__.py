@@ -5,11 +5,13 @@ Each function computes for one configuration, or reads recorded measurements thr
 static book sweeps them with ``book.static_explorer``. Imported only by notebooks (it imports plotly).
 
 :data:`COLORS` gives every implementation one colour across the whole book, keyed by the
-:class:`~sparseattn.bench.record.Impl` names the records carry.
+:class:`~sparseattn.bench.record.Impl` names the records carry. Tables are :class:`Table` (plain HTML: every
+row is always visible), never plotly tables.
 """
 from __future__ import annotations
 
 from ..bench.record import Impl
+from ._table import Table
 
 #: One colour per implementation, everywhere in the book.
 COLORS = {
@@ -26,5 +28,7 @@ COLORS = {
 #: A lighter shade of an implementation's colour, for a second series of the same implementation
 #: (our selected step beside our decode, FlexAttention's block mask beside its dense decode).
 LIGHT = {Impl.OURS: "#ff9896", Impl.FLEX: "#aec7e8"}
+#: The three tile classes, everywhere a tile grid is drawn.
+TILE_COLORS = {"empty": "#ffffff", "partial": "#f4a259", "full": "#2a6f97"}
 
-__all__ = ["COLORS", "LIGHT"]
+__all__ = ["COLORS", "LIGHT", "TILE_COLORS", "Table"]

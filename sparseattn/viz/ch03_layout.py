@@ -4,6 +4,7 @@ build times of the ``layout`` suite."""
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import plotly.graph_objects as go
 import torch
@@ -13,9 +14,11 @@ from ..bench.cases import BOOK_PATTERNS, book_layout, token_topk_mask
 from ..bench.record import BenchFile, Impl, Pass
 from ..layout import BlockLayout
 from ..reference import reference_attention
+from . import TILE_COLORS, Table
 
-__all__ = ["BOOK_PATTERNS", "book_layout", "token_topk_mask", "layout_figure", "block_table_figure",
-           "amplification_figure", "selection_contrast", "selection_contrast_figure", "layout_build_table"]
+__all__ = ["BOOK_PATTERNS", "book_layout", "token_topk_mask", "mask_trace", "tile_trace", "layout_figure",
+           "block_table", "amplification", "amplification_figure", "selection_contrast",
+           "selection_contrast_figure", "layout_build_table"]
 
 
 def _pool(mask: torch.Tensor, max_px: int = 128) -> torch.Tensor:
@@ -26,68 +29,89 @@ def _pool(mask: torch.Tensor, max_px: int = 128) -> torch.Tensor:
     return torch.nn.functional.avg_pool2d(m, f, ceil_mode=True)[0, 0] if f > 1 else m[0, 0]
 
 
-def layout_figure(pattern: str = "sinks + window", L: int = 512, block_q: int = 64, block_k: int = 64) -> go.Figure:
-    """Token mask with the tile grid, and the tile classes (empty / partial / full) with the layout's stats."""
-    layout = book_layout(pattern, L, block_q, block_k)
-    dense = layout.to_dense()[0, 0]
-    st = layout.stats()
+def mask_trace(dense: torch.Tensor, colorbar_x: float = None) -> go.Heatmap:
+    """The token mask ``[Lq, Lk]`` as a heatmap in token coordinates (pooled to at most 128 pixels)."""
+    pooled = _pool(dense)
+    f = dense.shape[-1] / pooled.shape[-1]
+    return go.Heatmap(z=pooled.tolist(), x0=(f - 1) / 2, dx=f, y0=(f - 1) / 2, dy=f, colorscale="Greys",
+                      zmin=0, zmax=1, showscale=False, name="token mask",
+                      hovertemplate="q %{y}, kv %{x}: %{z:.2f} allowed<extra></extra>")
+
+
+def tile_trace(layout: BlockLayout, colorbar_x: float = 1.02, showscale: bool = True) -> go.Heatmap:
+    """The tile classes of a layout (b = h = 0) with a colour key: empty / partial / full."""
     partial, full = layout.block_classes()
     cls = partial[0, 0].int() + 2 * full[0, 0].int()
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("token mask (allowed = dark)",
-                                                         "tiles: empty / partial / full"),
-                        horizontal_spacing=0.08)
-    pooled = _pool(dense)
-    scale = L / pooled.shape[0]
-    fig.add_trace(go.Heatmap(z=pooled.tolist(), x0=0, dx=scale, y0=0, dy=scale, colorscale="Greys",
-                             showscale=False, zmin=0, zmax=1, hovertemplate="q %{y}, kv %{x}: %{z:.2f}<extra></extra>"),
-                  1, 1)
-    for i in range(1, layout.nq):
-        fig.add_shape(type="line", x0=0, x1=L, y0=i * block_q, y1=i * block_q, line=dict(color="#4a90d9", width=0.6),
+    c = TILE_COLORS
+    scale = [[0, c["empty"]], [1 / 3, c["empty"]], [1 / 3, c["partial"]], [2 / 3, c["partial"]],
+             [2 / 3, c["full"]], [1, c["full"]]]
+    return go.Heatmap(z=cls.tolist(), colorscale=scale, zmin=-0.5, zmax=2.5, xgap=1, ygap=1, name="tiles",
+                      showscale=showscale,
+                      colorbar=dict(tickvals=[0, 1, 2], ticktext=["empty", "partial", "full"], x=colorbar_x,
+                                    len=0.8, thickness=14, outlinewidth=1, outlinecolor="#999"),
+                      hovertemplate="q tile %{y}, kv tile %{x}: %{z} (0 empty, 1 partial, 2 full)<extra></extra>")
+
+
+def layout_figure(pattern: str = "sinks + window", L: int = 512, block: int = 64,
+                  window: Optional[int] = None) -> go.Figure:
+    """Token mask (left) and tile classes (right, with a colour key), with the layout's stats in the title."""
+    layout = book_layout(pattern, L, block, block, window=window)
+    st = layout.stats()
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("token mask (allowed = dark)", "tiles"),
+                        horizontal_spacing=0.1)
+    fig.add_trace(mask_trace(layout.to_dense()[0, 0]), 1, 1)
+    for i in range(1, layout.nq):  # the tile grid over the token mask
+        fig.add_shape(type="line", x0=0, x1=L, y0=i * block, y1=i * block, line=dict(color="#4a90d9", width=0.6),
                       row=1, col=1)
     for j in range(1, layout.nk):
-        fig.add_shape(type="line", y0=0, y1=L, x0=j * block_k, x1=j * block_k, line=dict(color="#4a90d9", width=0.6),
+        fig.add_shape(type="line", y0=0, y1=L, x0=j * block, x1=j * block, line=dict(color="#4a90d9", width=0.6),
                       row=1, col=1)
-    fig.add_trace(go.Heatmap(z=cls.tolist(), colorscale=[[0, "#ffffff"], [0.5, "#f4a259"], [1, "#2a6f97"]],
-                             zmin=0, zmax=2, showscale=False, xgap=1, ygap=1,
-                             hovertemplate="q tile %{y}, kv tile %{x}: %{z} (0 empty, 1 partial, 2 full)<extra></extra>"),
-                  1, 2)
-    for c in (1, 2):
-        fig.update_yaxes(autorange="reversed", scaleanchor=f"x{c if c > 1 else ''}", row=1, col=c)
+    fig.add_trace(tile_trace(layout), 1, 2)
+    for c, unit in ((1, "position"), (2, "tile")):  # square cells: shrink the domain, never widen the range
+        fig.update_yaxes(autorange="reversed", scaleanchor=f"x{c if c > 1 else ''}", constrain="domain",
+                         title_text=f"query {unit}", row=1, col=c)
+        fig.update_xaxes(title_text=f"key {unit}", constrain="domain", row=1, col=c)
     fig.update_layout(
-        title=(f"{pattern}, L={L}, tiles {block_q}x{block_k}: rho = {st['tile_amplification']:.2f}<br>"
-               f"logical density {st['logical_density']:.3f}, physical {st['physical_density']:.3f}, "
-               f"{st['partial_tiles']} partial + {st['full_tiles']} full tiles, index {st['index_bytes']} B"),
-        height=500, title_font_size=13, margin=dict(t=90))
+        title=(f"{pattern}, L={L}, tiles {block}x{block}: ρ = {st['tile_amplification']:.2f}<br><sup>"
+               f"logical density {st['logical_density']:.3f}, physical {st['physical_density']:.3f}; "
+               f"{st['partial_tiles']} partial + {st['full_tiles']} full tiles; index {st['index_bytes']} B</sup>"),
+        height=470, title_font_size=14, margin=dict(t=90))
     return fig
 
 
-def block_table_figure(pattern: str = "sinks + window", L: int = 512, block: int = 64, rows: int = 8) -> go.Figure:
-    """The first ``rows`` rows of the block table: kv_count / kv_index (partial) and full_count / full_index."""
-    layout = book_layout(pattern, L, block, block)
-    n = min(rows, layout.nq)
+def block_table(pattern: str = "sinks + window", L: int = 1024, block: int = 64,
+                window: Optional[int] = None) -> Table:
+    """Every row of the block table: the partial tiles (``kv_count: kv_index``) and the full tiles
+    (``full_count: full_index``) of each query tile."""
+    layout = book_layout(pattern, L, block, block, window=window)
 
     def fmt(count, index, i):
         c = int(count[0, 0, i])
-        return f"{c}: " + ", ".join(str(x) for x in index[0, 0, i, :c].tolist())
+        return f"{c}: " + ", ".join(str(x) for x in index[0, 0, i, :c].tolist()) if c else "0"
 
-    cells = [list(range(n)),
-             [fmt(layout.kv_count, layout.kv_index, i) for i in range(n)],
-             [fmt(layout.full_count, layout.full_index, i) for i in range(n)]]
-    fig = go.Figure(go.Table(header=dict(values=["query tile", "partial: count: kv_index", "full: count: full_index"]),
-                             cells=dict(values=cells, align="left")))
-    fig.update_layout(title=f"block table of {pattern}, L={L}, tiles {block}x{block}", height=80 + 28 * n)
-    return fig
+    rows = [[i, fmt(layout.kv_count, layout.kv_index, i), fmt(layout.full_count, layout.full_index, i)]
+            for i in range(layout.nq)]
+    w = window or L // 8
+    return Table(["query tile", "partial tiles (count: kv_index)", "full tiles (count: full_index)"], rows,
+                 caption=f"block table of {pattern} (window {w}), L={L}, tiles {block}x{block}")
+
+
+def amplification(L: int = 1024, blocks=(16, 32, 64, 128, 256), patterns=None) -> dict:
+    """ρ per pattern (``window = L/8``) at each square tile size: ``{pattern: [ρ, ...]}``."""
+    return {pat: [book_layout(pat, L, b, b, window=L // 8).stats()["tile_amplification"] for b in blocks]
+            for pat in (patterns or BOOK_PATTERNS)}
 
 
 def amplification_figure(L: int = 1024, blocks=(16, 32, 64, 128, 256), patterns=None) -> go.Figure:
-    """Tile amplification rho = physical / logical edges against the (square) tile size, per pattern."""
-    patterns = patterns or BOOK_PATTERNS
+    """Tile amplification ρ = physical / logical edges against the (square) tile size, per pattern."""
+    rhos = amplification(L, blocks, patterns)
     fig = go.Figure()
-    for pat in patterns:
-        rhos = [book_layout(pat, L, b, b, window=L // 8).stats()["tile_amplification"] for b in blocks]
-        fig.add_trace(go.Scatter(x=list(blocks), y=rhos, mode="lines+markers", name=pat))
-    fig.update_layout(title=f"Tile amplification vs tile size (L={L})", xaxis_title="tile size (block_q = block_k)",
-                      yaxis_title="rho = physical / logical edges", xaxis_type="log", yaxis_type="log", height=420)
+    for pat, ys in rhos.items():
+        fig.add_trace(go.Scatter(x=list(blocks), y=ys, mode="lines+markers", name=pat))
+    fig.update_layout(title=f"Tile amplification against tile size, L = {L}<br><sup>computed from the block "
+                            "tables (no GPU); window = L/8</sup>",
+                      xaxis_title="tile size (block_q = block_k)", yaxis_title="ρ = physical / logical edges",
+                      xaxis_type="log", yaxis_type="log", height=430, title_font_size=14)
     fig.update_xaxes(tickvals=list(blocks), ticktext=[str(b) for b in blocks])
     return fig
 
@@ -117,32 +141,47 @@ def selection_contrast(L: int = 256, block: int = 32, keep_blocks: int = 3, memb
 
 
 def selection_contrast_figure(member_keep: float = 0.25) -> go.Figure:
+    """Tiles read and cells used by block- and token-level selection over the same tiles, and how far the two
+    outputs are apart per query."""
     lay_b, lay_t, o_b, o_t = selection_contrast(member_keep=member_keep)
     sb, stt = lay_b.stats(), lay_t.stats()
     diff = (o_b - o_t).norm(dim=-1)[0, 0]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("tiles read and cells used", "output difference per query"))
-    names = ["tiles read", "logical edges (x1000)"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("cost and cells used", "output difference"),
+                        horizontal_spacing=0.15)
+    names = ["tiles read", "allowed cells (x1000)"]
     fig.add_trace(go.Bar(x=names, y=[sb["listed_tiles"], sb["logical_edges"] / 1000], name="block-level"), 1, 1)
     fig.add_trace(go.Bar(x=names, y=[stt["listed_tiles"], stt["logical_edges"] / 1000], name="token-level"), 1, 1)
-    fig.add_trace(go.Scatter(y=diff.tolist(), mode="lines", name="||o_block - o_token||"), 1, 2)
-    fig.update_layout(title=(f"Same tiles read ({sb['listed_tiles']} vs {stt['listed_tiles']}), different outputs: "
-                             f"token-level keeps {member_keep:.0%} of each tile, rho {stt['tile_amplification']:.1f} "
-                             f"vs {sb['tile_amplification']:.1f}"), height=420, title_font_size=13)
+    fig.add_trace(go.Scatter(y=diff.tolist(), mode="lines", name="|o_block - o_token|"), 1, 2)
+    fig.update_xaxes(title_text="quantity", row=1, col=1)
+    fig.update_yaxes(title_text="count", row=1, col=1)
+    fig.update_xaxes(title_text="query position", row=1, col=2)
+    fig.update_yaxes(title_text="L2 norm of the difference", row=1, col=2)
+    fig.update_layout(title=(f"Same {sb['listed_tiles']} tiles read, different outputs<br><sup>token-level "
+                             f"keeps {member_keep:.0%} of each tile's keys: ρ {stt['tile_amplification']:.1f} vs "
+                             f"{sb['tile_amplification']:.1f}; fp64 on the CPU</sup>"),
+                      height=460, title_font_size=14, legend=dict(orientation="h", y=-0.25))
     return fig
 
 
-def layout_build_table(doc: BenchFile) -> go.Figure:
-    """The ``layout`` suite's build times per (pattern, N): ours against FlexAttention's create_block_mask
-    (``out of memory`` where it failed)."""
+def layout_build_table(doc: BenchFile) -> Table:
+    """The ``layout`` suite's build times per (pattern, N): ours against FlexAttention's ``create_block_mask``
+    called eagerly (``_compile=False``, its default, which materialises the N x N mask) and compiled
+    (``_compile=True``; "not measured" for a file recorded before the suite measured it)."""
     rows = doc.select(pass_=Pass.LAYOUT)
     cases = sorted({(r.case["pattern"], r.case["N"]) for r in rows}, key=lambda c: (c[1], c[0]))
 
-    def ms(impl, case):
-        r = next((r for r in rows if r.impl == impl and (r.case["pattern"], r.case["N"]) == case), None)
-        return "" if r is None else ("out of memory" if r.ms is None else f"{r.ms:.2f}")
-    fig = go.Figure(go.Table(header=dict(values=["pattern", "N", "sparseattn build (ms)",
-                                                 "FlexAttention create_block_mask (ms)"]),
-                             cells=dict(values=[[c[0] for c in cases], [c[1] for c in cases],
-                                                [ms(Impl.OURS, c) for c in cases], [ms(Impl.FLEX, c) for c in cases]])))
-    fig.update_layout(title=f"Block-table build time, block 128 ({doc.caption()})", height=520, title_font_size=12)
-    return fig
+    def cell(impl, case, compiled=None):
+        found = [r for r in rows if r.impl == impl and (r.case["pattern"], r.case["N"]) == case
+                 and (compiled is None or bool(r.get("compiled", False)) == compiled)]
+        if not found:
+            return "not measured"
+        if len(found) > 1:
+            raise LookupError(f"{len(found)} {impl} layout rows for {case} (compiled={compiled}); expected one")
+        r = found[0]
+        return ("out of memory" if "memory" in str(r.get("error", "")) else "failed") if r.ms is None \
+            else f"{r.ms:.2f}"
+    table = [[p, N, cell(Impl.OURS, (p, N)), cell(Impl.FLEX, (p, N), False), cell(Impl.FLEX, (p, N), True)]
+             for p, N in cases]
+    return Table(["pattern", "N", "ours (ms)", "Flex eager (ms)", "Flex compiled (ms)"], table,
+                 caption=f"Block-table build time, tiles 128x128, host wall time; Flex = create_block_mask "
+                         f"with _compile=False (eager) or True (compiled) ({doc.caption()})")

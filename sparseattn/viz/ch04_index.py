@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 from .. import patterns as P
 from ..layout import BlockLayout
 
-__all__ = ["table_heatmaps", "index_bytes_figure", "transpose_cost_figure"]
+__all__ = ["table_heatmaps", "index_bytes", "index_bytes_figure", "transpose_cost_figure"]
 
 
 def table_heatmaps(layout: BlockLayout, title: str = "") -> go.Figure:
@@ -27,8 +27,8 @@ def table_heatmaps(layout: BlockLayout, title: str = "") -> go.Figure:
         for j in range(nk):
             for r, i in enumerate(index[0, 0, j, : int(count[0, 0, j])].tolist()):
                 bwd[i, j] = r + off
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward: row i lists key tiles (dQ, O)",
-                                                         "transposed: column j lists query tiles (dK, dV)"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("rows (O, dQ)", "columns (dK, dV)"),
+                        horizontal_spacing=0.12)
     fig.add_trace(go.Heatmap(z=fwd.tolist(), colorscale="Blues", showscale=False, xgap=1, ygap=1,
                              hovertemplate="q tile %{y}, kv tile %{x}: position %{z}<extra></extra>"), 1, 1)
     fig.add_trace(go.Heatmap(z=bwd.tolist(), colorscale="Oranges", showscale=False, xgap=1, ygap=1,
@@ -36,27 +36,37 @@ def table_heatmaps(layout: BlockLayout, title: str = "") -> go.Figure:
     for c in (1, 2):
         fig.update_yaxes(autorange="reversed", title_text="query tile", row=1, col=c)
         fig.update_xaxes(title_text="key tile", row=1, col=c)
-    fig.update_layout(title=title or "The same tiles, listed by rows and by columns (shade = position in the list; "
-                      "full tiles +0.5)", height=430, title_font_size=12)
+    fig.update_layout(title=title or "The same tiles, listed by rows and by columns<br><sup>shade = position "
+                      "in the tile's list; full tiles half a step darker</sup>", height=430, title_font_size=14)
     return fig
 
 
-def index_bytes_figure(Ns=(4096, 8192, 16384, 32768, 65536, 131072), H: int = 16, D: int = 128) -> go.Figure:
-    """Bytes of the block tables (forward + transposed) against the bytes of K and V they index (bf16)."""
+def index_bytes(Ns=(4096, 8192, 16384, 32768, 65536, 131072), H: int = 16, D: int = 128) -> dict:
+    """Bytes of the block tables (forward + transposed) over the bytes of K and V they index (bf16, one table
+    shared by ``H`` heads), per pattern and N: ``{pattern: [ratio, ...]}``."""
     pats = {"window 1024": P.sliding_window(1024),
             "sinks 64 + window 1024": P.sinks_window(64, 1024),
             "causal": P.causal()}
-    fig = go.Figure()
+    out = {}
     for name, mm in pats.items():
         ratios = []
         for N in Ns:
             st = BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cpu").stats()
             kv_bytes = 2 * N * H * D * 2  # K and V, bf16, one layout shared by H heads
             ratios.append((st["index_bytes"] + st["transposed_index_bytes"]) / kv_bytes)
+        out[name] = ratios
+    return out
+
+
+def index_bytes_figure(Ns=(4096, 8192, 16384, 32768, 65536, 131072), H: int = 16, D: int = 128) -> go.Figure:
+    """:func:`index_bytes` against N."""
+    fig = go.Figure()
+    for name, ratios in index_bytes(Ns, H, D).items():
         fig.add_trace(go.Scatter(x=list(Ns), y=ratios, mode="lines+markers", name=name))
-    fig.update_layout(title=f"Index bytes / K+V bytes (block 128, H={H}, D={D}, bf16, one table shared by the heads)",
-                      xaxis_title="N", yaxis_title="ratio", xaxis_type="log", yaxis_type="log", height=400,
-                      title_font_size=12)
+    fig.update_layout(title=f"Index bytes over the K+V bytes they index<br><sup>tiles 128x128, H={H}, D={D}, "
+                            "bf16, one table shared by the heads; computed on the CPU</sup>",
+                      xaxis_title="sequence length N (tokens)", yaxis_title="index bytes / K+V bytes",
+                      xaxis_type="log", yaxis_type="log", height=400, title_font_size=14)
     return fig
 
 
@@ -81,7 +91,9 @@ def transpose_cost_figure(Ns=(2048, 4096, 8192, 16384, 32768), block: int = 64, 
             xs.append(int(lay.kv_count.sum() + lay.full_count.sum()))
             ys.append(best * 1e3)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name))
-    fig.update_layout(title=f"Transpose time vs listed tiles, block {block}, measured live on {dev} (best of {repeat})",
-                      xaxis_title="listed tiles (nnz)", yaxis_title="ms", xaxis_type="log", yaxis_type="log",
-                      height=400, title_font_size=12)
+    where = torch.cuda.get_device_name(0) if dev == "cuda" else "this machine's CPU"
+    fig.update_layout(title=f"On-device transpose time against listed tiles<br><sup>tiles {block}x{block}, "
+                            f"best of {repeat}, measured live on {where} when the page was built</sup>",
+                      xaxis_title="listed tiles (nnz)", yaxis_title="transpose time (ms)", xaxis_type="log",
+                      yaxis_type="log", height=400, title_font_size=14)
     return fig

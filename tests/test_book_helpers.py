@@ -1,0 +1,181 @@
+"""The book's helpers and the figures' data functions, without building the book: the kernel-free explorer
+(one control per parameter, later controls rebuilt for each choice), source sections, claims that assert,
+the widget registry a GPU test presses, HTML tables, and the chapter figures the issue found wrong (a log
+axis to 10^144, the decode crossover, the read ceiling, both create_block_mask modes)."""
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("plotly")
+
+from sparseattn import book  # noqa: E402
+from sparseattn.bench.record import BenchFile, Impl, Pass, Record  # noqa: E402
+from sparseattn.viz import Table  # noqa: E402
+
+ENV = {"device": "test", "date": "2026-12-01T00:00:00", "torch": "t", "triton": "t"}
+
+
+def _fig(pattern, block=16, L=1):
+    import plotly.graph_objects as go
+    return go.Figure(go.Scatter(x=[0, block], y=[0, L], name=f"{pattern}-{block}-{L}"),
+                     layout=dict(title=f"{pattern} {block} {L}", xaxis_title="x", yaxis_title="y"))
+
+
+def _visible(fig):
+    return [t.name for t in fig.data if t.visible]
+
+
+def test_explorer_gives_each_parameter_its_own_control():
+    fig = book.static_explorer(_fig, {"pattern": ["a", "b"], "block": [16, 32, 64]})
+    assert [m.buttons[1].label for m in fig.layout.updatemenus] == ["pattern: b"]
+    assert [s.label for s in fig.layout.sliders[0].steps] == ["16", "32", "64"]
+    assert _visible(fig) == ["a-16-1"]
+    # choosing "b" shows b at the first block and rebuilds the slider's steps for b
+    vis, lay = fig.layout.updatemenus[0].buttons[1].args
+    assert [t.name for t, v in zip(fig.data, vis["visible"]) if v] == ["b-16-1"]
+    steps = lay["sliders[0].steps"]
+    assert [[t.name for t, v in zip(fig.data, st["args"][0]["visible"]) if v] for st in steps] == \
+        [["b-16-1"], ["b-32-1"], ["b-64-1"]]
+    assert lay["sliders[0].active"] == 0 and lay["title.text"] == "b 16 1"
+
+
+def test_explorer_with_three_parameters_rebuilds_every_later_control():
+    fig = book.static_explorer(_fig, {"pattern": ["a", "b"], "block": [16, 32], "L": [1, 2, 3]})
+    assert len(fig.layout.updatemenus) == 1 and len(fig.layout.sliders) == 2
+    _, lay = fig.layout.updatemenus[0].buttons[1].args
+    block_steps = lay["sliders[0].steps"]
+    _, lay2 = block_steps[1]["args"]  # b, block 32: rebuilds the L slider for (b, 32)
+    names = [[t.name for t, v in zip(fig.data, st["args"][0]["visible"]) if v] for st in lay2["sliders[1].steps"]]
+    assert names == [["b-32-1"], ["b-32-2"], ["b-32-3"]]
+
+
+def test_explorer_refuses_an_empty_grid():
+    with pytest.raises(ValueError, match="grid"):
+        book.static_explorer(_fig, {})
+    with pytest.raises(ValueError, match="pattern"):
+        book.static_explorer(_fig, {"pattern": []})
+
+
+def test_source_sections_and_anchors_come_from_the_package():
+    from sparseattn.kernels import decode, prefill_fwd
+    sec = book.source(prefill_fwd.sparse_fwd_kernel, "which rows")
+    assert sec.text.startswith("# ---- which rows") and "ROW_ORDER" in sec.text
+    assert "sparseattn/kernels/prefill_fwd.py" in sec._repr_html_()
+    part = book.source(decode.decode_split_kernel, start="for blk in range", stop="b_o, b_lse = finalize")
+    assert part.text.startswith("for blk in range") and "finalize" not in part.text
+    with pytest.raises(ValueError, match="titles"):
+        book.source(prefill_fwd.sparse_fwd_kernel, "no such section")
+    with pytest.raises(ValueError, match="start="):
+        book.source(decode.decode_split_kernel, start="this line is not in the kernel")
+
+
+def test_claim_prints_what_holds_and_refuses_what_does_not(capsys):
+    book.claim("two is more than one", 2 > 1)
+    assert capsys.readouterr().out == "two is more than one\n"
+    book.claim("a tensor condition", torch.tensor(True))
+    with pytest.raises(AssertionError, match="merging an empty state changes nothing"):
+        book.claim("merging an empty state changes nothing", False)
+
+
+def test_widget_settings_and_presses(monkeypatch, capsys):
+    calls = []
+
+    def remeasure(pattern="window", N=1024, keep=0.13):
+        calls.append((pattern, N, keep))
+    grid = {"pattern": ["window", "causal", "dilated"], "N": [1024, 4096], "keep": (0.01, 0.5, 0.01)}
+    assert book.widget_settings(remeasure, grid, 3) == [
+        {"pattern": "window", "N": 1024, "keep": 0.13}, {"pattern": "dilated", "N": 1024, "keep": 0.13},
+        {"pattern": "window", "N": 4096, "keep": 0.13}]
+    monkeypatch.setattr(book, "WIDGETS", [(remeasure, grid)])
+    assert book.press_widgets(3) == 3 and len(calls) == 3
+    with pytest.raises(ValueError, match="does not take"):
+        book.interact(remeasure, window=[1, 2])
+
+
+def test_table_keeps_every_row_and_checks_its_width():
+    t = Table(["a", "b"], [[i, i * i] for i in range(40)], caption="squares")
+    html = t._repr_html_()
+    assert html.count("<tr>") == 41 and "squares" in html and t.column("b")[-1] == 39 * 39
+    with pytest.raises(ValueError, match="row 1"):
+        Table(["a", "b"], [[1, 2], [3]])
+
+
+def test_split_count_figure_log_axis_stays_near_its_data():
+    """Chapter 7's figure once ran its log axis to 10^144 (text outside bars breaks plotly's autorange)."""
+    from sparseattn.viz import ch07_decode
+    fig = ch07_decode.splits_figure()
+    ys = [y for tr in fig.data for y in tr.y] + [132]
+    lo, hi = fig.layout.yaxis.range
+    assert math.log10(min(ys)) - 0.5 <= lo and hi <= math.log10(max(ys)) + 0.5
+
+
+def _keep_file(extra_points=()):
+    rows = []
+    for b, dense, cud, pts in ((1, 0.14, 0.137, [(0.5, 0.12, 0.08), (0.75, 0.15, 0.11)]),
+                               (8, 0.96, 0.94, [(0.75, 0.90, 0.80), (1.0, 1.14, 1.04)])):
+        case = dict(N=131072, B=b, page_size=16)
+        rows.append(Record({**case, "pattern": "dense"}, Impl.OURS, Pass.DECODE_GRAPH, dense))
+        rows.append(Record({**case, "pattern": "dense"}, Impl.CUDNN, Pass.DECODE_DENSE, cud, {"tbps": 4.5}))
+        for keep, step, dec in pts:
+            c = {**case, "pattern": f"keep{keep:.2f}", "keep": keep}
+            rows.append(Record(c, Impl.OURS, Pass.SELECT_DECODE_GRAPH, step))
+            rows.append(Record(c, Impl.OURS, Pass.DECODE_GRAPH, dec, {"keep_fraction": keep, "tbps": 3.0}))
+    return BenchFile({"suite": "decode_keep", **ENV}, tuple(rows))
+
+
+def test_keep_crossover_brackets_and_interpolates_per_batch():
+    from sparseattn.viz import ch07_decode
+    cross = ch07_decode.keep_crossover(_keep_file())
+    assert cross[1]["last_paying"] == 0.5 and cross[1]["first_not"] == 0.75
+    assert cross[1]["crossover"] == pytest.approx(0.5 + (0.137 - 0.12) * 0.25 / (0.15 - 0.12))
+    assert cross[8]["last_paying"] == 0.75 and cross[8]["first_not"] == 1.0
+
+
+def test_read_ceiling_is_read_when_the_decode_file_has_it():
+    from sparseattn.viz import ch07_decode
+    case = dict(pattern="dense", N=131072, B=8, page_size=16)
+    without = BenchFile({"suite": "decode", **ENV}, (Record(case, Impl.CUDNN, Pass.DECODE_DENSE, 0.96),))
+    assert ch07_decode.read_ceiling(without) == {}
+    with_read = BenchFile({"suite": "decode", **ENV}, without.records + (
+        Record(case, Impl.READ_CEILING, Pass.READ, 0.9, {"bytes": 4.3e9, "tbps": 4.8}),))
+    assert ch07_decode.read_ceiling(with_read) == {(8, 131072, 16, "dense"): (0.9, 4.8)}
+    fig = ch07_decode.decode_bandwidth_figure(_keep_file(), ceiling=with_read)
+    assert any(s.y0 == 4.8 for s in fig.layout.shapes)
+
+
+def test_layout_table_labels_eager_and_compiled_create_block_mask():
+    from sparseattn.viz.ch03_layout import layout_build_table
+    case = dict(pattern="causal", N=131072, block=128)
+    rows = (Record(case, Impl.OURS, Pass.LAYOUT, 0.8),
+            Record(case, Impl.FLEX, Pass.LAYOUT, None, {"error": "out of memory (N x N = 16 Gi cells)"}),
+            Record(case, Impl.FLEX, Pass.LAYOUT, 12.5, {"compiled": True, "call": "_compile=True"}))
+    t = layout_build_table(BenchFile({"suite": "layout", **ENV}, rows))
+    assert t.rows == [["causal", 131072, "0.80", "out of memory", "12.50"]]
+    old = layout_build_table(BenchFile({"suite": "layout", **ENV}, rows[:2]))
+    assert old.rows[0][4] == "not measured"
+
+
+def test_bound_figure_builds_its_cache_on_the_device_it_is_given():
+    from sparseattn.viz import ch07_decode
+    fig = ch07_decode.bound_figure(device="cpu")
+    assert all(y >= x - 1e-4 for x, y in zip(fig.data[0].x, fig.data[0].y))
+    assert "computed on cpu" in fig.layout.title.text
+
+
+def test_tile_walk_replays_the_kernel_order_exactly():
+    from sparseattn.viz import ch05_prefill
+    walk = ch05_prefill.tile_walk("sinks + window", L=256, block=32)
+    kinds = [s["kind"] for s in walk["steps"]]
+    lay, qi = walk["layout"], walk["q_tile"]
+    assert kinds == ["partial"] * int(lay.kv_count[0, 0, qi]) + ["full"] * int(lay.full_count[0, 0, qi])
+    assert walk["error"] < 1e-12
+    fig = ch05_prefill.tile_walk_figure("sliding window", L=256, block=32)
+    assert len(fig.frames) == len(ch05_prefill.tile_walk("sliding window")["steps"])
+    assert fig.frames[0].data[2].y.count(None) >= 1  # a row with no key yet has no m to draw
+
+
+def test_prefill_baseline_is_the_patterns_envelope():
+    from sparseattn.bench.cases import dense_pattern_of
+    assert [dense_pattern_of(p) for p in ("causal", "window1024", "sinks64+window1024", "random10%+diag")] == \
+        ["causal", "causal", "causal", "dense"]
