@@ -305,10 +305,11 @@ class BlockLayout:
 
     # ---- transposed lists ----------------------------------------------------------------------------------
     def transpose(self, width: Optional[int] = None) -> TransposedLists:
-        """Build the transposed lists on the device (O(nnz), no host loop). ``width`` fixes their capacity
-        (no host sync for the maximum); by default it is the longest column."""
-        q_count, q_index, q_slot = T.transpose_lists(self.kv_count, self.kv_index, self.nk, width)
-        full_q_count, full_q_index, _ = T.transpose_lists(self.full_count, self.full_index, self.nk, width)
+        """Build the transposed lists on the device in one fused launch (:func:`sparseattn._tiles.transpose_lists`:
+        rows ascending in every column, no sort, no atomics). ``width`` fixes their capacity (no host sync);
+        by default each list's width is its longest column (a count-only launch and one host sync)."""
+        q_count, q_index, q_slot, full_q_count, full_q_index = T.transpose_lists(
+            self.kv_count, self.kv_index, self.full_count, self.full_index, self.nk, width, width)
         return TransposedLists(q_count, q_index, full_q_count, full_q_index, q_slot)
 
     def plan(self, key, build):
