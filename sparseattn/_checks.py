@@ -5,6 +5,7 @@ message that names the argument and the rule. Nothing here imports Triton or tou
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -150,12 +151,22 @@ class RouteSpec:
             setattr(self, k, v)
 
 
+@functools.lru_cache(maxsize=256)
+def _query_span(Lq: int, Lk: int, block_q: int, block_k: int) -> int:
+    """The most key blocks that one query block's own positions fall in (1 when the blocks are equal and the
+    queries start on a block boundary)."""
+    nq, nk, off = -(-Lq // block_q), -(-Lk // block_k), max(Lk - Lq, 0)
+    return max(min((min((i + 1) * block_q, Lq) - 1 + off) // block_k, nk - 1)
+               - min((i * block_q + off) // block_k, nk - 1) + 1 for i in range(nq))
+
+
 def check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics, capacity,
                 member_topk, scale) -> RouteSpec:
     """Check the arguments of ``route`` (and ``route_reference``); derive the layout's dims and widths.
 
-    Widths: ``capacity`` (default ``min(nk, topk + local + sinks)``; ``topk=None`` counts as ``nk``) bounds
-    the tiles a query block keeps. With ``semantics="block"`` the full tiles go to a list of that width and the
+    Widths: ``capacity`` (default ``min(nk, topk + forced)``, ``topk=None`` counting as ``nk``; ``forced =
+    sinks + local`` when query and key blocks are equal and aligned, plus the extra key blocks a query block's
+    own positions fall in otherwise) bounds the tiles a query block keeps. With ``semantics="block"`` the full tiles go to a list of that width and the
     tiles that cross the causal diagonal to a partial list of width ``min(nk, (block_q - 1) // block_k + 2)``
     (the most key blocks a query block's span can cross); with ``"member"`` every tile is partial."""
     for name, t in (("q", q), ("k", k)):
@@ -206,14 +217,16 @@ def check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, s
     elif member_topk is not None:
         raise ValueError("member_topk applies only to semantics='member'")
     scale = check_scale(scale, D)
-    forced = min(nk, local + sinks)
-    default = min(nk, (nk if topk is None else topk) + local + sinks)
+    q_offset = max(Lk - Lq, 0)
+    forced = min(nk, sinks + (local + _query_span(Lq, Lk, block_q, block_k) - 1 if local else 0))
+    default = min(nk, (nk if topk is None else topk) + forced)
     if capacity is None:
         capacity = max(default, 1)
     else:
         check_int("capacity", capacity)
         if capacity < forced:
-            raise ValueError(f"capacity ({capacity}) must hold the forced blocks: local + sinks = {forced}")
+            raise ValueError(f"capacity ({capacity}) must hold the forced blocks: up to {forced} (sinks + local, and "
+                             f"every key block a query block's own positions fall in)")
         capacity = min(capacity, nk)
     group = Hq // Hkv
     LH, n_shared = {"none": (Hq, 1), "kv_head": (Hkv, group), "all": (1, Hq)}[share]
@@ -224,7 +237,7 @@ def check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, s
     else:
         width, full_width = 1, capacity
     return RouteSpec(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, block_q=block_q, block_k=block_k, nq=nq, nk=nk,
-                     q_offset=max(Lk - Lq, 0), topk=nk if topk is None else topk, threshold=threshold,
+                     q_offset=q_offset, topk=nk if topk is None else topk, threshold=threshold,
                      causal=causal, local=local, sinks=sinks, share=share, pool=pool, semantics=semantics,
                      member_topk=member_topk, scale=scale, capacity=capacity, LH=LH, n_shared=n_shared,
                      group=group, width=width, full_width=full_width)

@@ -487,6 +487,41 @@ class BlockLayout:
             a.copy_(b)
         return static
 
+    def dense_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The exact token mask of some query rows: bool ``[B, H, len(rows), kv_len]`` for local query rows
+        ``rows`` (1-D int tensor), equal to ``to_dense()[:, :, rows]`` but built from the rows' own lists, so it
+        stays small when ``q_len x kv_len`` is not (member bits included)."""
+        rows = torch.as_tensor(rows, device=self.device).long().flatten()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.q_len):
+            raise ValueError(f"rows must be local query rows in [0, q_len={self.q_len})")
+        B, H, bk, dev = self.B, self.H, self.block_k, self.device
+        qi = rows // self.block_q  # [R]
+        _, full = self.block_classes()
+        keys = full[:, :, qi].repeat_interleave(bk, dim=-1)[..., : self.kv_len].clone()  # [B, H, R, Lk]
+        idx = self.kv_index[:, :, qi].long()  # [B, H, R, W]
+        listed = torch.arange(self.width, device=dev) < self.kv_count[:, :, qi, None]
+        kv = idx[..., None] * bk + torch.arange(bk, device=dev)  # [B, H, R, W, bk]
+        in_range = listed[..., None] & (kv < self.kv_len)
+        if self.tile_bits is not None:
+            r_in = (rows % self.block_q).view(1, 1, -1, 1)
+            bits = self.tile_bits[torch.arange(B, device=dev).view(B, 1, 1, 1), torch.arange(H, device=dev).view(
+                1, H, 1, 1), qi.view(1, 1, -1, 1), torch.arange(self.width, device=dev).view(1, 1, 1, -1), r_in]
+            cells = T.unpack_bits(bits)  # [B, H, R, W, bk]
+        elif self.mask_mod is not None:
+            b = torch.arange(B, device=dev).view(B, 1, 1, 1, 1)
+            h = torch.arange(H, device=dev).view(1, H, 1, 1, 1)
+            q_abs = (rows + self.q_offset).view(1, 1, -1, 1, 1)
+            cells = torch.broadcast_to(self.mask_mod(b, h, q_abs, kv.clamp(max=self.kv_len - 1)), kv.shape)
+        else:
+            cells = torch.zeros_like(in_range)
+        cells = cells & in_range
+        if self.row_slot is not None:
+            cells = cells & (self.row_slot[:, :, rows] != 0)[..., None]
+        flat = torch.where(in_range, kv, torch.full_like(kv, self.kv_len)).flatten(3)  # spill column Lk
+        spill = torch.zeros(B, H, rows.numel(), self.kv_len + 1, dtype=torch.bool, device=dev)
+        spill.scatter_(-1, flat, cells.flatten(3))
+        return keys | spill[..., : self.kv_len]
+
     # ---- statistics ----------------------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counts over the layout's own ``B x H``: logical edges (allowed cells), physical edges (clipped

@@ -206,11 +206,16 @@ def _pooled_score(qp: torch.Tensor, kmean, kmin, kmax, pool: str) -> torch.Tenso
     return qp @ kmean.transpose(-1, -2)
 
 
-def _last_visible_block(spec, device) -> torch.Tensor:
-    """``[nq]``: the key block of each query block's last position (clipped to the keys)."""
-    i = torch.arange(spec.nq, device=device)
+def _forced_blocks(spec, j: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """Key blocks ``j`` that query block ``i`` always keeps (broadcasting): the first ``sinks``, and for every
+    query row the ``local`` key blocks ending at the row's own block."""
+    q_first = i * spec.block_q + spec.q_offset
     q_last = torch.clamp((i + 1) * spec.block_q, max=spec.Lq) - 1 + spec.q_offset
-    return torch.clamp(q_last // spec.block_k, max=spec.nk - 1)
+    jf = torch.clamp(q_first // spec.block_k, max=spec.nk - 1)
+    jd = torch.clamp(q_last // spec.block_k, max=spec.nk - 1)
+    if spec.local == 0:
+        return (j < spec.sinks) | torch.zeros_like(j + i, dtype=torch.bool)
+    return (j < spec.sinks) | ((j >= jf - spec.local + 1) & (j <= jd))
 
 
 def route_scores_reference(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128,
@@ -278,9 +283,8 @@ def route_reference(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_
     s = _route_scores(q, k, spec)  # [B, LH, nq, nk]
     dev = q.device
     j = torch.arange(spec.nk, device=dev)[None, :]  # [1, nk]
-    jd = _last_visible_block(spec, dev)[:, None]  # [nq, 1]
     visible = s > float("-inf")
-    forced = visible & ((j < spec.sinks) | ((j <= jd) & (j > jd - spec.local)))
+    forced = visible & _forced_blocks(spec, j, torch.arange(spec.nq, device=dev)[:, None])
     cand = visible & ~forced
     n = torch.minimum(torch.clamp(spec.capacity - forced.sum(-1), min=0), cand.sum(-1))
     n = torch.clamp(n, max=spec.topk)
@@ -335,8 +339,22 @@ def _member_reference(q, k, spec, kv_count, kv_index) -> torch.Tensor:
     usable = listed
     if spec.causal:
         usable = usable & (idx * spec.block_k <= (r + spec.q_offset)[None, None, :, None])
-    jd = _last_visible_block(spec, dev)[qi][None, None, :, None]
-    forced = listed & ((idx < spec.sinks) | ((idx <= jd) & (idx > jd - spec.local)))
+    forced = listed & _forced_blocks(spec, idx, qi[None, None, :, None])
     cand = usable & ~forced
     n = torch.clamp(cand.sum(-1), max=spec.member_topk)
     return (forced | _take_top(score, cand, n)).to(torch.uint8)
+
+
+def selection_recall_reference(q: torch.Tensor, k: torch.Tensor, layout, causal: bool = True,
+                               scale: Optional[float] = None) -> torch.Tensor:
+    """Eager reference of :func:`sparseattn.selection_recall` on every row: float64 ``[B, Hq, Lq]``, the full
+    attention's probabilities (dense, ``causal`` or not) summed over ``layout.to_dense()``."""
+    B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, k)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = (q.double() @ _expand_heads(k.double(), Hq).transpose(-1, -2)) * scale
+    if causal:
+        q_abs = torch.arange(Lq, device=q.device) + max(Lk - Lq, 0)
+        s = s.masked_fill(torch.arange(Lk, device=q.device)[None, :] > q_abs[:, None], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    mask = layout.to_dense()
+    return (p * _expand_heads(mask, Hq) if mask.shape[1] != 1 else p * mask).sum(-1)

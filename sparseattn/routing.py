@@ -9,7 +9,8 @@ launches (:mod:`sparseattn.kernels.route`, :mod:`sparseattn.kernels.transpose`):
    min and max of every key block), reading Q and K once;
 2. scores: pooled Q against pooled K, one small GEMM per query-block group, the max over the query heads that
    share a selection (``share``), -inf for blocks a query block cannot see;
-3. select: forced blocks (``sinks`` first blocks, ``local`` blocks ending at the diagonal) plus the top-k of
+3. select: forced blocks (``sinks`` first blocks; for every query row, the ``local`` blocks ending at its
+   own) plus the top-k of
    the rest (and/or the fewest whose softmax mass reaches ``threshold``); ties go to the lower block index;
    written ascending, split into tiles that cross the diagonal (partial, masked by ``causal``) and full tiles;
 4. transpose: the column lists the backward pass walks (one fused launch).
@@ -31,18 +32,18 @@ stays on the device with fixed shapes, so a decode step with selection can be ca
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from . import patterns as P
-from ._checks import RouteSpec, check_device, check_route, seqs_tensor
+from ._checks import RouteSpec, check_device, check_int, check_route, check_scale, seqs_tensor
 from .layout import BlockLayout
 from .paged import PagedKVCache, PageSelection, check_select_args
 
 _TOPK_BLOCK = 8192  # pages of one row kept in registers by the top-k kernel
 
-__all__ = ["page_bounds", "select_pages", "route", "block_scores", "selection_recall"]
+__all__ = ["page_bounds", "select_pages", "route", "block_scores", "selection_recall", "SelectionRecall"]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -143,6 +144,7 @@ def _scores(pooled, spec: RouteSpec) -> torch.Tensor:
 def _select(s: torch.Tensor, spec: RouteSpec):
     """The chosen blocks of every query block as lists ``(kv_count, kv_index, full_count, full_index)`` of
     widths ``spec.width`` / ``spec.full_width``. One launch."""
+    from .kernels import BACKEND
     from .kernels import route as K
     from ._tiles import INDEX_DTYPE
     B, LH, nq = spec.B, spec.LH, spec.nq
@@ -152,11 +154,14 @@ def _select(s: torch.Tensor, spec: RouteSpec):
     kv_index = torch.zeros(B, LH, nq, spec.width, **i32)
     full_index = torch.zeros(B, LH, nq, spec.full_width, **i32)
     block_nk = max(16, 1 << (spec.nk - 1).bit_length())
-    K.select_kernel[(nq, B * LH)](
+    # a GPU program takes one query block (a row of scores in registers); the interpreter takes many, since
+    # it pays per operation, not per element
+    rows = 1 if BACKEND != "interpreter" else min(1 << (nq - 1).bit_length(), max(1, (1 << 14) // block_nk))
+    K.select_kernel[(-(-nq // rows), B * LH)](
         S=s, KV_COUNT=kv_count, KV_INDEX=kv_index, FULL_COUNT=full_count, FULL_INDEX=full_index,
         nq=nq, nk=spec.nk, Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, topk=spec.topk,
         capacity=spec.capacity, local=spec.local, sinks=spec.sinks, threshold=spec.threshold,
-        W=spec.width, FW=spec.full_width, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk,
+        W=spec.width, FW=spec.full_width, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk, ROWS=rows,
         CAUSAL=spec.causal, MEMBER=spec.semantics == "member", num_warps=8 if block_nk >= 4096 else 4)
     return kv_count, kv_index, full_count, full_index
 
@@ -207,15 +212,17 @@ def route(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 1
     * ``share="kv_head"``: one selection per KV head, shared by its GQA group (layout ``H = Hkv``);
       ``"all"``: one for every head (``H = 1``); ``"none"``: one per query head (``H = Hq``).
 
-    Every query block keeps its forced blocks — the first ``sinks`` key blocks and the ``local`` blocks that
-    end at the block holding its last position — when it can see them, then adds visible blocks by score
+    Every query block keeps its forced blocks when it can see them — the first ``sinks`` key blocks and, for
+    each of its rows, the ``local`` key blocks ending at the row's own block (so with ``local >= 1`` every row
+    sees its own position) — then adds visible blocks by score
     while: fewer than ``topk`` were added, the row holds fewer than ``capacity`` tiles, and (with
     ``threshold``) the softmax mass over visible blocks of what is kept is below ``threshold``. Ties go to the
     lower block index. ``causal=True`` hides key blocks that start after a query block's last position and
     masks the diagonal tiles token by token.
 
-    ``capacity`` (default ``min(nk, topk + local + sinks)``, with ``topk=None`` counting as ``nk``) is the
-    fixed width of the result, so shapes never depend on the data. ``semantics="block"``: every row of a query
+    ``capacity`` (default ``min(nk, topk + local + sinks)`` for equal, aligned blocks; ``topk=None`` counts
+    as ``nk``; see :func:`sparseattn._checks.check_route`) is the fixed width of the result, so shapes never
+    depend on the data. ``semantics="block"``: every row of a query
     block attends every chosen tile (full tiles unmasked, the diagonal ones causally masked).
     ``"member"``: the chosen tiles are only what the query block loads; each query row keeps the forced blocks
     and its own ``member_topk`` best others, scored per row against the pooled keys (``layout.row_slot``).
@@ -238,3 +245,50 @@ def route(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 1
     return BlockLayout.from_lists(kv_count, kv_index, full_count, full_index, q_len=spec.Lq, kv_len=spec.Lk,
                                   block_q=block_q, block_k=block_k, mask_mod=mask_mod, row_slot=row_slot,
                                   trusted=True)
+
+
+class SelectionRecall(NamedTuple):
+    """Per query row, the share of the full attention's softmax mass that a layout's allowed cells cover."""
+    recall: torch.Tensor  # float32 [B, Hq, R]
+    rows: torch.Tensor  # int64 [R]: the local query rows measured
+
+    def mean(self) -> float:
+        return float(self.recall.mean())
+
+
+def _recall_rows(Lq: int, Lk: int, sample: Optional[int], device) -> torch.Tensor:
+    if sample is None:
+        sample = Lq if Lq * Lk <= (1 << 26) else 1024
+    n = min(check_int("sample", sample), Lq)
+    return torch.unique(torch.linspace(0, Lq - 1, n, device=device).round().long())
+
+
+def selection_recall(q: torch.Tensor, k: torch.Tensor, layout: BlockLayout, causal: bool = True,
+                     scale: Optional[float] = None, sample: Optional[int] = None,
+                     rows: Optional[torch.Tensor] = None) -> SelectionRecall:
+    """How much of full attention a selection keeps: for query rows, ``sum over allowed keys of p(key)`` where
+    ``p`` is the softmax of the full (``causal``, else unmasked) attention row, in float32.
+
+    Rows: ``rows`` if given, else ``sample`` rows spread evenly (default: every row when ``Lq x Lk <= 2**26``,
+    else 1024), so large shapes cost ``rows x Lk`` per head, never ``Lq x Lk``. Heads map to the layout's as
+    in attention (GQA). 1.0 means the selection loses nothing of the full row."""
+    from ._checks import check_qkv
+    B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, k)
+    if not isinstance(layout, BlockLayout):
+        raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
+    if (layout.q_len, layout.kv_len) != (Lq, Lk) or layout.B not in (1, B) or layout.H not in (1, Hkv, Hq):
+        raise ValueError(f"layout (B={layout.B}, H={layout.H}, q_len={layout.q_len}, kv_len={layout.kv_len}) does "
+                         f"not fit q {tuple(q.shape)} and k {tuple(k.shape)}")
+    scale = check_scale(scale, D)
+    rows = _recall_rows(Lq, Lk, sample, q.device) if rows is None else torch.as_tensor(rows, device=q.device).long()
+    allowed = layout.dense_rows(rows)  # [LB, LH, R, Lk]
+    q_abs = rows + max(Lk - Lq, 0)
+    out = torch.empty(B, Hq, rows.numel(), device=q.device, dtype=torch.float32)
+    for hq in range(Hq):  # one head at a time: memory B x R x Lk
+        s = (q[:, hq, rows].float() @ k[:, hq // (Hq // Hkv)].float().transpose(-1, -2)) * scale  # [B, R, Lk]
+        if causal:
+            s = s.masked_fill(torch.arange(Lk, device=q.device)[None, :] > q_abs[:, None], float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        lh = hq if layout.H == Hq else (hq // (Hq // Hkv) if layout.H == Hkv else 0)
+        out[:, hq] = (p * allowed[:, lh]).sum(-1)
+    return SelectionRecall(out, rows)

@@ -8,7 +8,7 @@ of Q and K once; everything after works on ``D`` numbers per block.
 every pooled K block by ``tl.dot`` (fp32, ieee), the max over the query heads that share the selection, the
 softmax scale, and -inf for blocks the query block cannot see (causal, or past the keys).
 
-``select_kernel``: one program per (query block, batch * layout head). The forced blocks (the first
+``select_kernel``: one program per (``ROWS`` query blocks, batch * layout head). The forced blocks (the first
 ``sinks``, the ``local`` blocks ending at the diagonal) are kept; of the other visible blocks it keeps the top
 ``k`` by score, ``k = min(topk, capacity - forced, visible)`` and, with a threshold, no more than the
 smallest number whose softmax mass (with the forced blocks') reaches it. The k-th score is found by
@@ -93,11 +93,16 @@ def _pooled_scores(b_qp, K_MEAN, K_MIN, K_MAX, k_rows, k_ok, HEAD_DIM: tl.conste
 
 
 @triton.jit
-def last_visible_block(i, Lq, q_offset, nk, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The key block holding query block ``i``'s last position (clipped to the keys): the "diagonal" block
-    where the ``local`` forced blocks end."""
+def forced_blocks(j, i, Lq, q_offset, nk, local, sinks, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Key blocks ``j`` that query block ``i`` always keeps (when it can see them): the first ``sinks``, and
+    for every query row the ``local`` key blocks ending at the row's own block, i.e. blocks
+    ``jf - local + 1 .. jd`` with ``jf``/``jd`` the blocks of the query block's first/last position."""
+    q_first = i * BLOCK_Q + q_offset
     q_last = tl.minimum((i + 1) * BLOCK_Q, Lq) - 1 + q_offset
-    return tl.minimum(q_last // BLOCK_K, nk - 1)
+    jf = tl.minimum(q_first // BLOCK_K, nk - 1)
+    jd = tl.minimum(q_last // BLOCK_K, nk - 1)
+    lo = tl.where(local > 0, jf - local + 1, jd + 1)  # local = 0: no local blocks
+    return (j < sinks) | ((j >= lo) & (j <= jd))
 
 
 @triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None})
@@ -144,58 +149,75 @@ def _sort_key(x):
 
 @triton.jit
 def _kth_key(b_key, pool, k):
-    """The largest sort key ``t`` with at least ``k`` members of ``pool`` at or above it (33 halvings of the
-    int32 key range; ``k = 0`` gives the key of +inf, so nothing lies above it)."""
-    lo = tl.full([], -2139095041 + 1, tl.int64)  # _sort_key(-inf) + 1: the smallest finite score's key
-    hi = tl.full([], 2139095040, tl.int64)  # _sort_key(+inf)
+    """Per row of ``b_key [R, N]``: the largest sort key ``t`` with at least ``k [R]`` members of ``pool`` at
+    or above it (33 halvings of the int32 key range; ``k = 0`` gives the key of +inf, so nothing lies above
+    it). Returns ``[R, 1]``."""
+    R: tl.constexpr = b_key.shape[0]
+    lo = tl.full([R], -2139095041 + 1, tl.int64)  # _sort_key(-inf) + 1: the smallest finite score's key
+    hi = tl.full([R], 2139095040, tl.int64)  # _sort_key(+inf)
     for _step in range(33):
         mid = lo + (hi - lo + 1) // 2
-        cnt = tl.sum((pool & (b_key >= mid.to(tl.int32))).to(tl.int32), 0)
+        cnt = tl.sum((pool & (b_key >= mid.to(tl.int32)[:, None])).to(tl.int32), 1)
         ok = cnt >= k
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
-    return lo.to(tl.int32)
+    return lo.to(tl.int32)[:, None]
+
+
+@triton.jit
+def _top_k(b_key, pool, k):
+    """Bool ``[R, N]``: the ``k [R]`` best members of ``pool`` per row; ties at the k-th key go to the lower
+    column."""
+    t = _kth_key(b_key, pool, k)
+    above = pool & (b_key > t)
+    ties = pool & (b_key == t)
+    tie_rank = tl.cumsum(ties.to(tl.int32), 1) - 1
+    return above | (ties & (tie_rank < (k - tl.sum(above.to(tl.int32), 1))[:, None]))
 
 
 @triton.jit
 def _mass_count(b_s, b_key, visible, forced, cand, n_cand, threshold):
-    """How many of the best candidates the threshold rule keeps: walking them by score (ties: lower block),
-    a candidate is kept while the softmax mass of the pooled scores kept before it (forced blocks included)
-    is below ``threshold``."""
-    m = tl.max(tl.where(visible, b_s, float("-inf")), 0)
-    b_p = tl.where(visible, tl.math.exp2((b_s - m) * LOG2E), 0.0)
-    b_p = b_p / tl.sum(b_p, 0)
-    forced_mass = tl.sum(tl.where(forced, b_p, 0.0), 0)
+    """Per row: how many of the best candidates the threshold rule keeps. Walking them by score (ties: lower
+    block), a candidate is kept while the softmax mass of the pooled scores kept before it (forced blocks
+    included) is below ``threshold``."""
+    R: tl.constexpr = b_s.shape[0]
+    m = tl.max(tl.where(visible, b_s, float("-inf")), 1)
+    m = tl.where(m == float("-inf"), 0.0, m)  # a row that sees nothing (padding rows): no inf - inf
+    b_p = tl.where(visible, tl.math.exp2((b_s - m[:, None]) * LOG2E), 0.0)
+    total = tl.sum(b_p, 1)
+    b_p = b_p / tl.where(total > 0.0, total, 1.0)[:, None]
+    forced_mass = tl.sum(tl.where(forced, b_p, 0.0), 1)  # [R]
     need = threshold - forced_mass
     # the largest key t whose candidates at or above it carry at least `need`
-    lo = tl.full([], -2139095041 + 1, tl.int64)
-    hi = tl.full([], 2139095040, tl.int64)
+    lo = tl.full([R], -2139095041 + 1, tl.int64)
+    hi = tl.full([R], 2139095040, tl.int64)
     for _step in range(33):
         mid = lo + (hi - lo + 1) // 2
-        mass = tl.sum(tl.where(cand & (b_key >= mid.to(tl.int32)), b_p, 0.0), 0)
+        mass = tl.sum(tl.where(cand & (b_key >= mid.to(tl.int32)[:, None]), b_p, 0.0), 1)
         ok = mass >= need
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
-    t = lo.to(tl.int32)
+    t = lo.to(tl.int32)[:, None]
     above = cand & (b_key > t)
-    mass_above = tl.sum(tl.where(above, b_p, 0.0), 0)
+    mass_above = tl.sum(tl.where(above, b_p, 0.0), 1)
     ties = cand & (b_key == t)
-    p_tie = tl.max(tl.where(ties, b_p, 0.0), 0)  # equal scores have equal mass
-    tie_rank = tl.cumsum(ties.to(tl.int32), 0) - 1
-    kept_ties = tl.sum((ties & (forced_mass + mass_above + tie_rank.to(tl.float32) * p_tie < threshold))
-                       .to(tl.int32), 0)
-    n = tl.sum(above.to(tl.int32), 0) + kept_ties
-    reachable = forced_mass + tl.sum(tl.where(cand, b_p, 0.0), 0) >= threshold
+    p_tie = tl.max(tl.where(ties, b_p, 0.0), 1)  # equal scores have equal mass
+    tie_rank = tl.cumsum(ties.to(tl.int32), 1) - 1
+    before = (forced_mass + mass_above)[:, None] + tie_rank.to(tl.float32) * p_tie[:, None]
+    n = tl.sum(above.to(tl.int32), 1) + tl.sum((ties & (before < threshold)).to(tl.int32), 1)
+    reachable = forced_mass + tl.sum(tl.where(cand, b_p, 0.0), 1) >= threshold
     n = tl.where(reachable, n, n_cand)  # rounding left the threshold out of reach: every candidate
     return tl.where(need <= 0.0, 0, n)
 
 
 @triton.jit
-def _write_ascending(take, offs, OUT_INDEX, row, width):
-    """Store the indices where ``take`` holds at slots 0, 1, ... (ascending) of row ``row``; return the count."""
-    pos = tl.cumsum(take.to(tl.int32), 0) - 1
-    tl.store(OUT_INDEX + row * width + pos, offs, mask=take)
-    return tl.sum(take.to(tl.int32), 0)
+def _write_ascending(take, offs, OUT_INDEX, rows, width, r_ok):
+    """Store, per row, the column indices where ``take [R, N]`` holds at slots 0, 1, ... (ascending) of
+    ``OUT_INDEX[rows]``; return the counts ``[R]``."""
+    pos = tl.cumsum(take.to(tl.int32), 1) - 1
+    tl.store(OUT_INDEX + rows[:, None] * width + pos, tl.broadcast_to(offs[None, :], pos.shape),
+             mask=take & r_ok[:, None])
+    return tl.sum(take.to(tl.int32), 1)
 
 
 @triton.heuristics({"HAS_THRESHOLD": lambda a: a["threshold"] is not None})
@@ -203,41 +225,37 @@ def _write_ascending(take, offs, OUT_INDEX, row, width):
 def select_kernel(
     S, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
     nq, nk, Lq, Lk, q_offset, topk, capacity, local, sinks, threshold, W, FW,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NK: tl.constexpr, CAUSAL: tl.constexpr,
-    MEMBER: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NK: tl.constexpr, ROWS: tl.constexpr,
+    CAUSAL: tl.constexpr, MEMBER: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
 ):
-    i = tl.program_id(0)  # query block
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R] query blocks
+    r_ok = i < nq
     blh = tl.program_id(1)
-    row = blh.to(tl.int64) * nq + i
+    rows = blh.to(tl.int64) * nq + i  # [R]
     offs = tl.arange(0, BLOCK_NK)  # [NK] key blocks
-    b_s = tl.load(S + row * nk + offs, mask=offs < nk, other=float("-inf"))
+    b_s = tl.load(S + rows[:, None] * nk + offs[None, :], mask=r_ok[:, None] & (offs < nk)[None, :],
+                  other=float("-inf"))  # [R, NK]
     visible = b_s > float("-inf")  # the scores kernel wrote -inf where the block cannot be seen
-    jd = last_visible_block(i, Lq, q_offset, nk, BLOCK_Q, BLOCK_K)
-    forced = visible & ((offs < sinks) | ((offs <= jd) & (offs > jd - local)))
+    j = offs[None, :]
+    forced = visible & forced_blocks(j, i[:, None], Lq, q_offset, nk, local, sinks, BLOCK_Q, BLOCK_K)
     cand = visible & (forced == 0)
-    n_forced = tl.sum(forced.to(tl.int32), 0)
-    n_cand = tl.sum(cand.to(tl.int32), 0)
-    k = tl.minimum(tl.minimum(topk, capacity - n_forced), n_cand)
+    n_cand = tl.sum(cand.to(tl.int32), 1)
+    k = tl.minimum(tl.minimum(topk, capacity - tl.sum(forced.to(tl.int32), 1)), n_cand)  # [R]
     b_key = _sort_key(b_s)
     if HAS_THRESHOLD:
         k = tl.minimum(k, _mass_count(b_s, b_key, visible, forced, cand, n_cand, threshold))
-    t = _kth_key(b_key, cand, k)
-    # every candidate above the k-th score is kept; ties at it in block order until k are reached
-    above = cand & (b_key > t)
-    ties = cand & (b_key == t)
-    tie_rank = tl.cumsum(ties.to(tl.int32), 0) - 1
-    take = forced | above | (ties & (tie_rank < k - tl.sum(above.to(tl.int32), 0)))
+    take = forced | _top_k(b_key, cand, k)  # every candidate above the k-th score; ties in block order
     if MEMBER:  # every tile is masked: the member bits decide per row
-        n_partial = _write_ascending(take, offs, KV_INDEX, row, W)
-        n_full = 0
+        n_partial = _write_ascending(take, offs, KV_INDEX, rows, W, r_ok)
+        n_full = tl.zeros([ROWS], tl.int32)
     else:
         full = take
         if CAUSAL:  # full: the block's last key (clipped) is not after the query block's first position
-            full = take & (tl.minimum((offs + 1) * BLOCK_K, Lk) - 1 <= i * BLOCK_Q + q_offset)
-        n_partial = _write_ascending(take & (full == 0), offs, KV_INDEX, row, W)
-        n_full = _write_ascending(full, offs, FULL_INDEX, row, FW)
-    tl.store(KV_COUNT + row, n_partial)
-    tl.store(FULL_COUNT + row, n_full)
+            full = take & (tl.minimum((j + 1) * BLOCK_K, Lk) - 1 <= (i * BLOCK_Q + q_offset)[:, None])
+        n_partial = _write_ascending(take & (full == 0), offs, KV_INDEX, rows, W, r_ok)
+        n_full = _write_ascending(full, offs, FULL_INDEX, rows, FW, r_ok)
+    tl.store(KV_COUNT + rows, n_partial, mask=r_ok)
+    tl.store(FULL_COUNT + rows, n_full, mask=r_ok)
 
 
 @triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None})
@@ -276,24 +294,10 @@ def member_kernel(
     usable = listed[None, :] & m_ok[:, None]  # [BM, WP]
     if CAUSAL:  # a row cannot use a block that starts after it
         usable = usable & (b_blk[None, :] * BLOCK_K <= offs_m[:, None] + q_offset)
-    jd = last_visible_block(i, Lq, q_offset, nk, BLOCK_Q, BLOCK_K)
-    forced = listed & ((b_blk < sinks) | ((b_blk <= jd) & (b_blk > jd - local)))  # [WP]
+    forced = listed & forced_blocks(b_blk, i, Lq, q_offset, nk, local, sinks, BLOCK_Q, BLOCK_K)  # [WP]
     cand = usable & (forced[None, :] == 0)  # [BM, WP]
-    b_key = _sort_key(b_s)
     k = tl.minimum(tl.sum(cand.to(tl.int32), 1), member_topk)  # [BM]
-    lo = tl.full([BLOCK_M], -2139095041 + 1, tl.int64)  # per-row bisection for the k-th score (see _kth_key)
-    hi = tl.full([BLOCK_M], 2139095040, tl.int64)
-    for _step in range(33):
-        mid = lo + (hi - lo + 1) // 2
-        cnt = tl.sum((cand & (b_key >= mid.to(tl.int32)[:, None])).to(tl.int32), 1)
-        ok = cnt >= k
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    t = lo.to(tl.int32)[:, None]
-    above = cand & (b_key > t)
-    ties = cand & (b_key == t)
-    tie_rank = tl.cumsum(ties.to(tl.int32), 1) - 1
-    chosen = above | (ties & (tie_rank < (k - tl.sum(above.to(tl.int32), 1))[:, None]))
+    chosen = _top_k(_sort_key(b_s), cand, k)  # this row's best, ties to the lower slot (= lower block)
     bits = (chosen | (forced[None, :] & m_ok[:, None])).to(tl.uint8)  # [BM, WP]
     out = ((blh.to(tl.int64) * Lq + offs_m[:, None]) * W + offs_w[None, :])
     tl.store(ROW_SLOT + out, bits, mask=m_ok[:, None] & (offs_w[None, :] < W))
