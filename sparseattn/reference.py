@@ -17,7 +17,8 @@ from ._checks import check_qkv, seqs_tensor
 from .paged import PagedKVCache, PageSelection, check_select_args
 
 __all__ = ["reference_attention", "merge_states", "decode_reference", "page_bounds_reference",
-           "select_pages_reference", "route_scores_reference", "route_reference", "selection_recall_reference"]
+           "select_pages_reference", "route_scores_reference", "route_reference", "select_blocks_reference",
+           "selection_recall_reference"]
 
 
 def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -274,14 +275,28 @@ def route_reference(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_
                     scale: Optional[float] = None):
     """Eager reference of :func:`sparseattn.route`: the same layout (same lists, widths and member bits),
     computed with ``torch.sort`` on the dense block scores and validated."""
-    from . import _tiles as T
     from . import patterns as P
     from ._checks import check_route
     from .layout import BlockLayout
     spec = check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics,
                        capacity, member_topk, scale)
-    s = _route_scores(q, k, spec)  # [B, LH, nq, nk]
-    dev = q.device
+    kv_count, kv_index, full_count, full_index = select_blocks_reference(_route_scores(q, k, spec), spec)
+    row_slot = None
+    if semantics == "member":
+        row_slot = _member_reference(q, k, spec, kv_count, kv_index)
+        mask_mod = P.causal() if causal else P.full()
+    else:
+        mask_mod = P.causal() if causal else None
+    return BlockLayout(kv_count, kv_index, full_count, full_index, q_len=spec.Lq, kv_len=spec.Lk, block_q=block_q,
+                       block_k=block_k, mask_mod=mask_mod, row_slot=row_slot)
+
+
+def select_blocks_reference(s: torch.Tensor, spec):
+    """The selection rule on given block scores ``s [B, LH, nq, nk]`` (-inf: not visible) and a checked
+    :class:`~sparseattn._checks.RouteSpec`: row lists ``(kv_count, kv_index, full_count, full_index)``. Shared by
+    :func:`route_reference` and the GPU test that compares the top-k kernel on the same scores."""
+    from . import _tiles as T
+    dev = s.device
     j = torch.arange(spec.nk, device=dev)[None, :]  # [1, nk]
     visible = s > float("-inf")
     forced = visible & _forced_blocks(spec, j, torch.arange(spec.nq, device=dev)[:, None])
@@ -292,23 +307,16 @@ def route_reference(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_
         n = torch.minimum(n, _mass_limit(s, visible, forced, cand, spec.threshold))
     take = forced | _take_top(s, cand, n)  # [B, LH, nq, nk]
     i = torch.arange(spec.nq, device=dev)[:, None]
-    if semantics == "member":
+    if spec.semantics == "member":
         partial, full = take, torch.zeros_like(take)
     else:
         full = take
-        if causal:  # the block's last key (clipped) is not after the query block's first position
-            full = take & (torch.clamp((j + 1) * block_k, max=spec.Lk) - 1 <= i * block_q + spec.q_offset)
+        if spec.causal:  # the block's last key (clipped) is not after the query block's first position
+            full = take & (torch.clamp((j + 1) * spec.block_k, max=spec.Lk) - 1 <= i * spec.block_q + spec.q_offset)
         partial = take & ~full
     kv_count, kv_index = T.rows_to_lists(partial, spec.width)
     full_count, full_index = T.rows_to_lists(full, spec.full_width)
-    row_slot = None
-    if semantics == "member":
-        row_slot = _member_reference(q, k, spec, kv_count, kv_index)
-        mask_mod = P.causal() if causal else P.full()
-    else:
-        mask_mod = P.causal() if causal else None
-    return BlockLayout(kv_count, kv_index, full_count, full_index, q_len=spec.Lq, kv_len=spec.Lk, block_q=block_q,
-                       block_k=block_k, mask_mod=mask_mod, row_slot=row_slot)
+    return kv_count, kv_index, full_count, full_index
 
 
 def _member_reference(q, k, spec, kv_count, kv_index) -> torch.Tensor:

@@ -43,7 +43,8 @@ from .paged import PagedKVCache, PageSelection, check_select_args
 
 _TOPK_BLOCK = 8192  # pages of one row kept in registers by the top-k kernel
 
-__all__ = ["page_bounds", "select_pages", "route", "block_scores", "selection_recall", "SelectionRecall"]
+__all__ = ["page_bounds", "select_pages", "route", "select_blocks", "Selection", "block_scores", "selection_recall",
+           "SelectionRecall"]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -198,6 +199,50 @@ def block_scores(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: 
     return _scores(_pool(q, k, spec), spec)
 
 
+class Selection(NamedTuple):
+    """What :func:`select_blocks` chose, before the layout is built: the row lists, the member bits and the
+    layout's mask_mod and shape. :meth:`to_layout` builds the index (the transposed lists) and the layout."""
+    kv_count: torch.Tensor
+    kv_index: torch.Tensor
+    full_count: torch.Tensor
+    full_index: torch.Tensor
+    row_slot: Optional[torch.Tensor]
+    mask_mod: object
+    q_len: int
+    kv_len: int
+    block_q: int
+    block_k: int
+
+    def to_layout(self) -> BlockLayout:
+        """The dynamic layout (one launch for the transposed lists, no host sync)."""
+        return BlockLayout.from_lists(self.kv_count, self.kv_index, self.full_count, self.full_index,
+                                      q_len=self.q_len, kv_len=self.kv_len, block_q=self.block_q,
+                                      block_k=self.block_k, mask_mod=self.mask_mod, row_slot=self.row_slot,
+                                      trusted=True)
+
+
+def select_blocks(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128,
+                  topk: Optional[int] = None, threshold: Optional[float] = None, causal: bool = True, local: int = 1,
+                  sinks: int = 1, share: str = "kv_head", pool: str = "mean", semantics: str = "block",
+                  capacity: Optional[int] = None, member_topk: Optional[int] = None,
+                  scale: Optional[float] = None) -> Selection:
+    """The selection step of :func:`route` alone (pool, scores, top-k, member bits: three or four launches),
+    without building the index; ``route(...)`` is ``select_blocks(...).to_layout()``."""
+    spec = check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics,
+                       capacity, member_topk, scale)
+    check_device(q, what="q (and k)")
+    q, k = _contiguous_rows(q), _contiguous_rows(k)
+    pooled = _pool(q, k, spec)
+    kv_count, kv_index, full_count, full_index = _select(_scores(pooled, spec), spec)
+    row_slot = _member_bits(q, pooled, kv_count, kv_index, spec) if semantics == "member" else None
+    if semantics == "member":
+        mask_mod = P.causal() if causal else P.full()
+    else:
+        mask_mod = P.causal() if causal else None
+    return Selection(kv_count, kv_index, full_count, full_index, row_slot, mask_mod, spec.Lq, spec.Lk, block_q,
+                     block_k)
+
+
 def route(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128, topk: Optional[int] = None,
           threshold: Optional[float] = None, causal: bool = True, local: int = 1, sinks: int = 1,
           share: str = "kv_head", pool: str = "mean", semantics: str = "block", capacity: Optional[int] = None,
@@ -231,20 +276,9 @@ def route(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 1
     a host sync; transposed lists included). The reported tiles are physical: a query block of
     ``block_q`` rows reads each chosen ``block_q x block_k`` tile once, whatever its rows use.
     """
-    spec = check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics,
-                       capacity, member_topk, scale)
-    check_device(q, what="q (and k)")
-    q, k = _contiguous_rows(q), _contiguous_rows(k)
-    pooled = _pool(q, k, spec)
-    kv_count, kv_index, full_count, full_index = _select(_scores(pooled, spec), spec)
-    row_slot = _member_bits(q, pooled, kv_count, kv_index, spec) if semantics == "member" else None
-    if semantics == "member":
-        mask_mod = P.causal() if causal else P.full()
-    else:
-        mask_mod = P.causal() if causal else None
-    return BlockLayout.from_lists(kv_count, kv_index, full_count, full_index, q_len=spec.Lq, kv_len=spec.Lk,
-                                  block_q=block_q, block_k=block_k, mask_mod=mask_mod, row_slot=row_slot,
-                                  trusted=True)
+    return select_blocks(q, k, block_q, block_k, topk=topk, threshold=threshold, causal=causal, local=local,
+                         sinks=sinks, share=share, pool=pool, semantics=semantics, capacity=capacity,
+                         member_topk=member_topk, scale=scale).to_layout()
 
 
 class SelectionRecall(NamedTuple):

@@ -7,7 +7,9 @@ vs FlexAttention, cuDNN, FA2, naive), ``backward`` (deterministic and atomic bac
 cuDNN, FA2; determinism; column splitting), ``layout`` (building the block table vs FlexAttention's
 ``create_block_mask``), ``decode`` (paged-cache decode, dense and Quest-selected, vs SDPA and FlexAttention
 decode, and a streaming-read ceiling), ``decode_keep`` (decode and the CUDA-graph step vs the fraction of
-pages kept).
+pages kept), ``routing`` (content routing + attention, each term and the whole step eager and in one CUDA
+graph, against the FlexAttention pipeline: compiled pooling/scores/top-k, ``BlockMask.from_kv_blocks``,
+compiled ``flex_attention``; overhead share vs N, recall vs top-k, reuse).
 
 ``--sweep`` (prefill, backward, decode) also times a set of kernel configs and writes
 ``<suite>-sweep-<gpu>.json`` (every row, the sweep's included) and ``<suite>-defaults-<gpu>.json`` (the best
@@ -27,7 +29,7 @@ from . import _common as C
 
 #: suite name -> module (imported when the suite runs)
 SUITES = {"prefill": "prefill", "layout": "layout_build", "backward": "backward", "decode": "decode",
-          "decode_keep": "decode_keep"}
+          "decode_keep": "decode_keep", "routing": "routing"}
 
 
 def suite_module(name: str):

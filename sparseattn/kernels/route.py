@@ -153,15 +153,15 @@ def _kth_key(b_key, pool, k):
     or above it (33 halvings of the int32 key range; ``k = 0`` gives the key of +inf, so nothing lies above
     it). Returns ``[R, 1]``."""
     R: tl.constexpr = b_key.shape[0]
-    lo = tl.full([R], -2139095041 + 1, tl.int64)  # _sort_key(-inf) + 1: the smallest finite score's key
-    hi = tl.full([R], 2139095040, tl.int64)  # _sort_key(+inf)
+    b_pool = tl.where(pool, b_key, -2139095041).to(tl.int64)  # outside the pool: the key of -inf, never counted
+    lo = tl.full([R, 1], -2139095041 + 1, tl.int64)  # _sort_key(-inf) + 1: the smallest finite score's key
+    hi = tl.full([R, 1], 2139095040, tl.int64)  # _sort_key(+inf)
     for _step in range(33):
-        mid = lo + (hi - lo + 1) // 2
-        cnt = tl.sum((pool & (b_key >= mid.to(tl.int32)[:, None])).to(tl.int32), 1)
-        ok = cnt >= k
+        mid = (lo + hi + 1) >> 1
+        ok = tl.sum((b_pool >= mid).to(tl.int32), 1, keep_dims=True) >= k[:, None]
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
-    return lo.to(tl.int32)[:, None]
+    return lo.to(tl.int32)
 
 
 @triton.jit
