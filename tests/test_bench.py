@@ -508,7 +508,7 @@ def test_routing_suite_on_cpu(cpu_stand_ins):
     bf = _check_run(R, records, table, cols, *((impl, p) for impl in (Impl.OURS, Impl.FLEX)
                                                for p in (Pass.ROUTE, Pass.INDEX, Pass.FWD, Pass.STEP, Pass.FWD_BWD,
                                                          Pass.TRAIN_STEP)),
-                    (Impl.OURS, Pass.STEP_GRAPH), (Impl.OURS, Pass.TRAIN_STEP_GRAPH))
+                    (Impl.OURS, Pass.STEP_GRAPH), (Impl.OURS, Pass.TRAIN_STEP_GRAPH), (Impl.CUDNN, Pass.FWD))
     # what chapter 8 reads: every term at the main shape, the N sweep, recall per top-k, reuse per share
     main = dict(N=64, topk=1, share="kv_head", Hkv=2)
     for impl, p in ((Impl.OURS, Pass.ROUTE), (Impl.OURS, Pass.INDEX), (Impl.OURS, Pass.FWD),
@@ -520,6 +520,7 @@ def test_routing_suite_on_cpu(cpu_stand_ins):
     assert bf.one(Impl.OURS, Pass.STEP_GRAPH, **main).get("graph_equals_eager") is True
     assert bf.one(Impl.OURS, Pass.TRAIN_STEP_GRAPH, **main).get("graph_equals_eager") is True
     assert bf.distinct("N", impl=Impl.FLEX, pass_=Pass.STEP) == [64]
+    assert bf.ms(Impl.CUDNN, Pass.FWD, N=64, pattern="causal") > 0
     assert [r.case["topk"] for r in bf.select(Impl.OURS, Pass.ROUTE, N=64, Hkv=2)] == [1, 2]
     assert [r.case["share"] for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1)] == ["none", "kv_head", "all"]
     assert [r.get("layout_heads") for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1)] == [2, 1, 1]

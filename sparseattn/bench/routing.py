@@ -9,7 +9,8 @@ backward). The baseline: compiled pooling + scores + ``torch.topk``, then ``Bloc
 compiled ``flex_attention`` (and its backward), same inputs, same selection rule (the diagonal block partial
 with a causal mask_mod, the other chosen blocks full).
 
-Sweeps: N = 4k ... 128k at top-16 (how the overhead share of route + index moves with N), and top-k at
+Sweeps: N = 4k ... 128k at top-16 (how the overhead share of route + index moves with N, and dense causal
+attention on cuDNN beside it: where selecting stops paying), and top-k at
 N = 32k with the recall of each selection (:func:`sparseattn.selection_recall` on sampled rows). Reuse:
 one selection per query head, per KV head (GQA group of 4) and for all heads (route time, recall), and the
 recall of a stale selection routed on inputs that drifted (what reusing across layers or steps costs).
@@ -43,7 +44,7 @@ DRIFTS = [0.1, 0.3, 0.5]  # stale selections: routed on inputs with this share o
 RECALL_ROWS = 512  # sampled query rows per recall
 TOPICS, CONTRAST = 64, 5.5  # synthetic inputs: topic directions, logit gap of a matching key
 COLUMNS = ["N", "topk", "route", "index", "fwd", "step_graph", "overhead", "flex_route", "flex_index", "flex_fwd",
-           "flex_step", "speedup", "train_graph", "flex_train", "train_speedup", "recall"]
+           "flex_step", "speedup", "train_graph", "flex_train", "train_speedup", "cudnn_causal", "recall"]
 
 
 def routing_inputs(B: int, Hq: int, Hkv: int, N: int, D: int, dtype, device, seed: int = 0,
@@ -228,6 +229,10 @@ def _case(args, N: int, topk: int, full: bool, records: list) -> dict:
         _train(q, k, v, kw, layout, case, records, errors, row)
     if not args.no_flex:
         _flex(q, k, v, topk, full, case, records, errors, row, o_graph)
+        # where routing pays: dense causal attention on the same inputs (cuDNN), the cost without selecting
+        ms_dense = _timed(C.sdpa_fn(q, k, v, Impl.CUDNN, causal=True), "cudnn causal", errors)
+        _record(records, {**case, "pattern": "causal"}, Impl.CUDNN, Pass.FWD, ms_dense, errors, "cudnn causal")
+        row["cudnn_causal"] = _fmt(ms_dense)
     if row.get("flex_step") and ms_graph:
         row["speedup"] = round(row["flex_step"] / ms_graph, 2)
     if row.get("flex_train") and row.get("train_graph"):
