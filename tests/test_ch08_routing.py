@@ -102,3 +102,30 @@ def test_live_figures_on_the_cpu():
     assert len(viz.reroute_figure(res).data) == 3
     fig = viz.live_step(topk=1, block=16, N=64, repeat=1)
     assert "interpreter" in fig.layout.title.text and len(fig.data) == 3
+
+
+def test_exercise_check_accepts_the_solution_and_rejects_wrong_fragments():
+    from sparseattn.exercises import ch08_routing as ex
+    assert "correct" in ex.check_top_k(ex.top_k_solution)
+    with pytest.raises(AssertionError, match="Ties at the k-th score must fill up"):
+        ex.check_top_k(ex.top_k_scaffold)
+    with pytest.raises(AssertionError, match="lower block"):
+        ex.check_top_k(_ties_to_the_higher_block())
+
+
+def _ties_to_the_higher_block():
+    """A wrong fragment: the right count, but ties filled from the highest block down."""
+    from sparseattn.kernels import route as K  # chooses the backend before the fragment is defined
+    import triton
+    import triton.language as tl  # noqa: F401 - the jit function needs it as a global of this module
+    globals()["tl"] = tl
+    globals()["K"] = K
+
+    @triton.jit
+    def ties_to_the_higher_block(b_key, pool, k):
+        t = K._kth_key(b_key, pool, k)
+        above = pool & (b_key > t)
+        ties = pool & (b_key == t)
+        rank = tl.sum(ties.to(tl.int32), 1)[:, None] - tl.cumsum(ties.to(tl.int32), 1)  # counted from the right
+        return above | (ties & (rank < (k - tl.sum(above.to(tl.int32), 1))[:, None]))
+    return ties_to_the_higher_block
