@@ -163,7 +163,9 @@ def _select(s: torch.Tensor, spec: RouteSpec):
         nq=nq, nk=spec.nk, Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, topk=spec.topk,
         capacity=spec.capacity, local=spec.local, sinks=spec.sinks, threshold=spec.threshold,
         W=spec.width, FW=spec.full_width, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk, ROWS=rows,
-        CAUSAL=spec.causal, MEMBER=spec.semantics == "member", num_warps=8 if block_nk >= 4096 else 4)
+        CAUSAL=spec.causal, MEMBER=spec.semantics == "member",
+        # the 33 bisection steps each reduce the row: one warp keeps those reductions in shuffles up to 256 blocks
+        num_warps=1 if block_nk <= 256 else 2 if block_nk <= 1024 else 4 if block_nk <= 4096 else 8)
     return kv_count, kv_index, full_count, full_index
 
 

@@ -497,14 +497,16 @@ def test_environment_and_backend_context_on_cpu():
 
 @STAND_IN_WARNINGS[0]
 @STAND_IN_WARNINGS[1]
-def test_routing_suite_on_cpu(cpu_stand_ins):
+def test_routing_suite_on_cpu(cpu_stand_ins, tmp_path):
     from sparseattn.bench import routing as R
     for name, value in (("HQ", 2), ("HKV", 2), ("REUSE_HKV", 1), ("D", 16), ("DTYPE", torch.float32),
                         ("BLOCK", 16), ("TOPK", 1), ("TOPKS", [1, 2]), ("MAIN_N", 64), ("RECALL_ROWS", 16),
                         ("DRIFTS", [0.5])):
         cpu_stand_ins.setattr(R, name, value)
     cpu_stand_ins.setattr(R, "_compile", lambda fn: fn)
-    records, table, cols = R.run(_args(n="64"))
+    records, table, cols = R.run(_args(n="64", out=str(tmp_path)))
+    partial = load_path(tmp_path / "routing-partial-cpu.json")  # the checkpoint a stopped run leaves
+    assert [r.to_json() for r in partial.records] == [r.to_json() for r in records]
     bf = _check_run(R, records, table, cols, *((impl, p) for impl in (Impl.OURS, Impl.FLEX)
                                                for p in (Pass.ROUTE, Pass.INDEX, Pass.FWD, Pass.STEP, Pass.FWD_BWD,
                                                          Pass.TRAIN_STEP)),

@@ -330,17 +330,25 @@ def _reuse(args, records: list, table: list) -> None:
                       "step_graph": _fmt(ms_graph), "recall": round(recall, 3)})
 
 
+def _checkpoint(args, records) -> None:
+    """Write what is measured so far to ``routing-partial-<gpu>.json`` in ``--out``: if the run is stopped at
+    its time limit, the main shape (measured first) is not lost."""
+    out = getattr(args, "out", None)
+    if out and records:
+        C.write_json(NAME, records, out, C.environment(), variant="partial")
+
+
 def run(args) -> tuple:
-    """Measure the N sweep, the top-k sweep and the reuse rows; return (records, table rows, table columns)."""
+    """Measure the main shape first (every term, both passes, graphs, Flex), then the top-k sweep and the reuse
+    rows at that N, then the other lengths; return (records, table rows, table columns)."""
     Ns = [int(x) for x in args.n.split(",")]
     main = MAIN_N if MAIN_N in Ns else Ns[len(Ns) // 2]
     records, table = [], []
-    with C.progress(len(Ns) + len(TOPKS) - 1 + 1, NAME) as bar:
-        for N in Ns:
-            bar.set_postfix_str(f"N={N} topk={TOPK}")
-            table.append(_case(args, N, TOPK, full=N == main, records=records))
-            bar.update()
-            C.empty_cache()
+    with C.progress(len(Ns) + len(TOPKS) - (TOPK in TOPKS) + 1, NAME) as bar:
+        bar.set_postfix_str(f"N={main} topk={TOPK} (every term)")
+        table.append(_case(args, main, TOPK, full=True, records=records))
+        bar.update()
+        _checkpoint(args, records)
         for topk in TOPKS:
             if topk == TOPK:
                 continue
@@ -351,6 +359,19 @@ def run(args) -> tuple:
         bar.set_postfix_str("reuse across heads")
         _reuse(args, records, table)
         bar.update()
+        _checkpoint(args, records)
+        for N in Ns:
+            if N == main:
+                continue
+            bar.set_postfix_str(f"N={N} topk={TOPK}")
+            table.append(_case(args, N, TOPK, full=False, records=records))
+            bar.update()
+            _checkpoint(args, records)
+            C.empty_cache()
+    # the table, last on the console: the N sweep, then the top-k sweep, then the reuse rows
+    def order(r):
+        return (0, r["N"], 0) if r["topk"] == TOPK else (1, 0, r["topk"]) if isinstance(r["topk"], int) else (2, 0, 0)
+    table.sort(key=order)
     return records, table, COLUMNS
 
 
