@@ -422,3 +422,14 @@ def test_bad_shapes():
         route(q[:, :, :16], torch.randn(1, 2, 16 * 8193, 32), 16, 16, topk=1)
     with pytest.raises(TypeError, match="q must be"):
         route(q.long(), k, topk=1)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_member_layouts_convert_to_flex_with_their_bits():
+    from torch.nn.attention.flex_attention import flex_attention
+    q, k = qk(Hq=2, Hkv=2, Lq=64, Lk=80, seed=12)
+    v = torch.randn_like(k)
+    member = route(q, k, 16, 16, topk=2, semantics="member", member_topk=1, share="none")
+    ours = sa.sparse_attention(q, k, v, member)
+    flex = flex_attention(q, k, v, block_mask=member.to_flex())
+    torch.testing.assert_close(flex, ours, atol=2e-5, rtol=2e-5)
