@@ -510,7 +510,8 @@ def test_routing_suite_on_cpu(cpu_stand_ins, tmp_path):
     bf = _check_run(R, records, table, cols, *((impl, p) for impl in (Impl.OURS, Impl.FLEX)
                                                for p in (Pass.ROUTE, Pass.INDEX, Pass.FWD, Pass.STEP, Pass.FWD_BWD,
                                                          Pass.TRAIN_STEP)),
-                    (Impl.OURS, Pass.STEP_GRAPH), (Impl.OURS, Pass.TRAIN_STEP_GRAPH), (Impl.CUDNN, Pass.FWD))
+                    (Impl.OURS, Pass.STEP_GRAPH), (Impl.OURS, Pass.TRAIN_STEP_GRAPH), (Impl.CUDNN, Pass.FWD),
+                    (Impl.OURS, Pass.TRANSPOSE))
     # what chapter 8 reads: every term at the main shape, the N sweep, recall per top-k, reuse per share
     main = dict(N=64, topk=1, share="kv_head", Hkv=2)
     for impl, p in ((Impl.OURS, Pass.ROUTE), (Impl.OURS, Pass.INDEX), (Impl.OURS, Pass.FWD),

@@ -43,7 +43,7 @@ REUSE_HKV = 4  # GQA: 16 query heads on 4 KV heads for the head-sharing rows
 DRIFTS = [0.1, 0.3, 0.5]  # stale selections: routed on inputs with this share of fresh noise mixed in
 RECALL_ROWS = 512  # sampled query rows per recall
 TOPICS, CONTRAST = 64, 5.5  # synthetic inputs: topic directions, logit gap of a matching key
-COLUMNS = ["N", "topk", "route", "index", "fwd", "step_graph", "overhead", "flex_route", "flex_index", "flex_fwd",
+COLUMNS = ["N", "topk", "route", "index", "transpose", "fwd", "step_graph", "overhead", "flex_route", "flex_index", "flex_fwd",
            "flex_step", "speedup", "train_graph", "flex_train", "train_speedup", "cudnn_causal", "recall"]
 
 
@@ -209,6 +209,10 @@ def _case(args, N: int, topk: int, full: bool, records: list) -> dict:
         route_extra["recall_drifted"] = drift
     _record(records, case, Impl.OURS, Pass.ROUTE, ms_route, errors, "route", **route_extra)
     _record(records, case, Impl.OURS, Pass.INDEX, ms_index, errors, "index")
+    if full:  # the fused transpose alone (the target: <= 0.2 ms at N = 32k)
+        ms_t = _timed(lambda: layout.transpose_fixed(layout.nq), "transpose", errors)
+        _record(records, case, Impl.OURS, Pass.TRANSPOSE, ms_t, errors, "transpose")
+        row["transpose"] = _fmt(ms_t, 4)
     _record(records, case, Impl.OURS, Pass.FWD, ms_fwd, errors, "fwd",
             tflops=tiles * HQ // layout.H * 4.0 * BLOCK * BLOCK * D / ms_fwd / 1e9 if ms_fwd else None)
     step_extra = {}
