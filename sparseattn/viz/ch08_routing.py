@@ -100,8 +100,9 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
     m = main_case(doc)
     k = m["topk"] if topk is None else topk
     case = dict(N=m["N"], Hkv=m["Hkv"], share=m["share"])
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12,
-                        subplot_titles=[f"forward step, top-{k}", f"forward + backward, top-{m['topk']}"])
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
+                        subplot_titles=[f"forward step, top-{k}",
+                                        f"forward + backward, top-{m['topk']}: attention / whole step"])
     impls = [Impl.OURS] + ([Impl.FLEX] if k == m["topk"] else [])
     names = {Impl.OURS: "ours", Impl.FLEX: "Flex pipeline"}
     for pass_, label, pattern in TERMS:
@@ -120,18 +121,18 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
                                          showlegend=impl == Impl.OURS,
                                          marker=dict(symbol=symbol, size=12, color="black")), row=1, col=1)
     fb = dict(topk=m["topk"], **case)
-    for impl, pass_, label in ((Impl.OURS, Pass.FWD_BWD, "ours: attention fwd+bwd"),
-                               (Impl.OURS, Pass.TRAIN_STEP_GRAPH, "ours: routed step fwd+bwd, graph"),
-                               (Impl.FLEX, Pass.FWD_BWD, "Flex: attention fwd+bwd"),
-                               (Impl.FLEX, Pass.TRAIN_STEP, "Flex: pipeline fwd+bwd, eager")):
+    for impl, pass_, label, step in ((Impl.OURS, Pass.FWD_BWD, "ours<br>attention", False),
+                                     (Impl.OURS, Pass.TRAIN_STEP_GRAPH, "ours<br>step (graph)", True),
+                                     (Impl.FLEX, Pass.FWD_BWD, "Flex<br>attention", False),
+                                     (Impl.FLEX, Pass.TRAIN_STEP, "Flex<br>step (eager)", True)):
         ms = _ms(doc, impl, pass_, **fb)
         fig.add_trace(go.Bar(x=[label], y=[ms], showlegend=False, marker_color=COLORS[impl],
-                             marker_opacity=1.0 if "step" in label or "pipeline" in label else 0.6,
-                             hovertemplate="%{y:.3f} ms<extra></extra>"), row=1, col=2)
+                             marker_opacity=1.0 if step else 0.6, hovertemplate="%{y:.3f} ms<extra></extra>"),
+                      row=1, col=2)
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
-    fig.update_xaxes(tickangle=-30, row=1, col=2)
-    fig.update_layout(barmode="stack", height=470, title_font_size=12, legend=dict(orientation="h", y=-0.35),
+    # the legend on the right, so that a slider (book.static_explorer) fits below the plot
+    fig.update_layout(barmode="stack", height=470, title_font_size=12, legend=dict(x=1.02, y=1, font_size=11),
                       title=f"Routed attention, N={m['N']}, 16 heads, D=128, 128-token blocks, bf16<br>"
                             f"<sup>{doc.caption()}</sup>")
     return fig
@@ -277,8 +278,7 @@ def reroute_figure(results) -> go.Figure:
     fig.update_layout(height=380, title_font_size=12, yaxis_type="log",
                       xaxis_title="relative perturbation of the inputs the backward routes on",
                       yaxis_title="relative error vs the true gradient",
-                      title="A backward that routes again differentiates another function "
-                            "(computed here with the package's kernels, fp32)")
+                      title="Re-routing in the backward: gradient error (computed here, fp32)")
     return fig
 
 
