@@ -5,6 +5,7 @@ message that names the argument and the rule. Nothing here imports Triton or tou
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -128,3 +129,115 @@ def check_device(t: torch.Tensor, what: str = "q") -> None:
         raise ValueError(f"{what} is on the CPU but a GPU is present and the kernels run on it: move the inputs "
                          "to CUDA, or set TRITON_INTERPRET=1 before importing sparseattn to run the kernels on "
                          "the CPU")
+
+
+# ---- content routing (shared by sparseattn.routing.route and its eager reference) -----------------------------
+ROUTE_SHARES = ("kv_head", "all", "none")
+ROUTE_POOLS = ("mean", "bound")
+ROUTE_SEMANTICS = ("block", "member")
+ROUTE_MAX_KEY_BLOCKS = 8192  # the top-k kernel keeps one query block's scores in registers
+
+
+class RouteSpec:
+    """The checked arguments of a routing call and what follows from the shapes alone (so the selection's
+    capacity, and every launch, is fixed before any data is read)."""
+
+    __slots__ = ("B", "Hq", "Hkv", "Lq", "Lk", "D", "block_q", "block_k", "nq", "nk", "q_offset", "topk",
+                 "threshold", "causal", "local", "sinks", "share", "pool", "semantics", "member_topk", "scale",
+                 "capacity", "LH", "n_shared", "group", "width", "full_width")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+@functools.lru_cache(maxsize=256)
+def _query_span(Lq: int, Lk: int, block_q: int, block_k: int) -> int:
+    """The most key blocks that one query block's own positions fall in (1 when the blocks are equal and the
+    queries start on a block boundary)."""
+    nq, nk, off = -(-Lq // block_q), -(-Lk // block_k), max(Lk - Lq, 0)
+    return max(min((min((i + 1) * block_q, Lq) - 1 + off) // block_k, nk - 1)
+               - min((i * block_q + off) // block_k, nk - 1) + 1 for i in range(nq))
+
+
+def check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics, capacity,
+                member_topk, scale) -> RouteSpec:
+    """Check the arguments of ``route`` (and ``route_reference``); derive the layout's dims and widths.
+
+    Widths: ``capacity`` (default ``min(nk, topk + forced)``, ``topk=None`` counting as ``nk``; ``forced =
+    sinks + local`` when query and key blocks are equal and aligned, plus the extra key blocks a query block's
+    own positions fall in otherwise) bounds the tiles a query block keeps. With ``semantics="block"`` the full tiles go to a list of that width and the
+    tiles that cross the causal diagonal to a partial list of width ``min(nk, (block_q - 1) // block_k + 2)``
+    (the most key blocks a query block's span can cross); with ``"member"`` every tile is partial."""
+    for name, t in (("q", q), ("k", k)):
+        check_tensor(name, t, 4)
+        check_kernel_dtype(name, t.dtype)
+    if q.device != k.device:
+        raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
+    B, Hq, Lq, D = q.shape
+    Bk, Hkv, Lk, Dk = k.shape
+    if Bk != B or Dk != D:
+        raise ValueError(f"q [B, Hq, Lq, D] and k [B, Hkv, Lk, D] must share B and D, got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
+    if min(B, Hq, Lq, Hkv, Lk) < 1:
+        raise ValueError(f"every dimension must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv}) for GQA")
+    check_head_dim(D)
+    check_block("block_q", block_q)
+    check_block("block_k", block_k)
+    nq, nk = -(-Lq // block_q), -(-Lk // block_k)
+    if nk > ROUTE_MAX_KEY_BLOCKS:
+        raise ValueError(f"routing supports at most {ROUTE_MAX_KEY_BLOCKS} key blocks, got nk = {nk} "
+                         f"(Lk={Lk}, block_k={block_k}); use larger key blocks")
+    if topk is None and threshold is None:
+        raise ValueError("give topk (blocks kept per query block beyond the forced ones), threshold (softmax "
+                         "mass to reach), or both")
+    if topk is not None:
+        check_int("topk", topk, 0)
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise TypeError(f"threshold must be a float in (0, 1] or None, got {type(threshold).__name__}")
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1] (a share of the softmax mass), got {threshold}")
+        threshold = float(threshold)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_int("local", local, 0)
+    check_int("sinks", sinks, 0)
+    for name, value, allowed in (("share", share, ROUTE_SHARES), ("pool", pool, ROUTE_POOLS),
+                                 ("semantics", semantics, ROUTE_SEMANTICS)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    if semantics == "member":
+        if member_topk is None:
+            raise ValueError("semantics='member' needs member_topk: how many of its query block's non-forced "
+                             "blocks each query row keeps")
+        check_int("member_topk", member_topk, 0)
+    elif member_topk is not None:
+        raise ValueError("member_topk applies only to semantics='member'")
+    scale = check_scale(scale, D)
+    q_offset = max(Lk - Lq, 0)
+    forced = min(nk, sinks + (local + _query_span(Lq, Lk, block_q, block_k) - 1 if local else 0))
+    default = min(nk, (nk if topk is None else topk) + forced)
+    if capacity is None:
+        capacity = max(default, 1)
+    else:
+        check_int("capacity", capacity)
+        if capacity < forced:
+            raise ValueError(f"capacity ({capacity}) must hold the forced blocks: up to {forced} (sinks + local, and "
+                             f"every key block a query block's own positions fall in)")
+        capacity = min(capacity, nk)
+    group = Hq // Hkv
+    LH, n_shared = {"none": (Hq, 1), "kv_head": (Hkv, group), "all": (1, Hq)}[share]
+    if semantics == "member":
+        width, full_width = capacity, 1
+    elif causal:
+        width, full_width = min(nk, (block_q - 1) // block_k + 2), capacity
+    else:
+        width, full_width = 1, capacity
+    return RouteSpec(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, block_q=block_q, block_k=block_k, nq=nq, nk=nk,
+                     q_offset=q_offset, topk=nk if topk is None else topk, threshold=threshold,
+                     causal=causal, local=local, sinks=sinks, share=share, pool=pool, semantics=semantics,
+                     member_topk=member_topk, scale=scale, capacity=capacity, LH=LH, n_shared=n_shared,
+                     group=group, width=width, full_width=full_width)

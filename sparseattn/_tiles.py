@@ -46,40 +46,67 @@ def rows_to_lists(blocks: torch.Tensor, width: Optional[int] = None):
     return count, index[..., :width].to(INDEX_DTYPE).contiguous()
 
 
-def transpose_lists(count: torch.Tensor, index: torch.Tensor, n_cols: int, width: Optional[int] = None):
-    """Transpose row lists ``count [B,H,nr], index [B,H,nr,W]`` into column lists over ``n_cols`` columns.
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
 
-    O(nnz) on the device: every entry becomes a key ``(bh, column)``; a stable sort by that key keeps rows
-    ascending inside each column (entries are generated in row order); the position of an entry within its
-    column is its rank in the sorted order minus the column's start offset (an exclusive cumsum of counts).
-    """
-    B, H, n_rows, W = index.shape
-    device = index.device
-    BH = B * H
-    valid = torch.arange(W, device=device).view(1, 1, 1, W) < count.unsqueeze(-1)  # [B, H, nr, W]
-    bh = torch.arange(BH, device=device, dtype=torch.int64).view(B, H, 1, 1)
-    n_keys = BH * n_cols
-    key = torch.where(valid, bh * n_cols + index.long(), torch.full_like(bh, n_keys)).flatten()  # [B*H*nr*W]
-    rows = torch.arange(n_rows, device=device, dtype=torch.int64).view(1, 1, n_rows, 1).expand(B, H, n_rows, W)
-    key_sorted, order = torch.sort(key, stable=True)
-    rows_sorted = rows.flatten()[order]
-    slots_sorted = order % W  # entries were generated as (bh, row, slot) with slot fastest
-    col_count = torch.bincount(key, minlength=n_keys + 1)[:n_keys]  # [BH * n_cols]
-    start = torch.cumsum(col_count, 0) - col_count
+
+def transpose_blocks(n_rows: int, n_cols: int, width: int, interpreter: bool):
+    """``(ROWS, COLS, W_POW2)`` of the fused transpose: ``W_POW2 > width`` is the binary search's range. On a
+    GPU: ``[32, 32]`` (row, column) pairs a step over many programs. In the interpreter every tile operation is
+    one numpy call, so the fewer and larger the steps, the faster: all columns of a head in one program and
+    as many rows a step as Triton's largest block allows."""
+    w_pow2 = _pow2_at_least(width + 1)
+    if not interpreter:
+        return 32, 32, w_pow2
+    cols = min(_pow2_at_least(n_cols), 1 << 12)
+    rows = max(1, min(_pow2_at_least(n_rows), (1 << 20) // cols))
+    return rows, cols, w_pow2
+
+
+def longest_column(count: torch.Tensor, index: torch.Tensor, n_cols: int) -> int:
+    """The most rows any column of the lists ``count [B,H,nr]``, ``index [B,H,nr,W]`` has (at least 1): a
+    bincount of the listed entries, O(nnz), and one host sync (static layouts size their transposes by it)."""
+    B, H, _, W = index.shape
+    listed = torch.arange(W, device=index.device) < count[..., None]  # [B, H, nr, W]
+    bh = torch.arange(B * H, device=index.device).view(B, H, 1, 1) * n_cols
+    keys = (bh + index.long())[listed]
+    return max(int(torch.bincount(keys, minlength=1).max()), 1) if keys.numel() else 1
+
+
+def transpose_lists(kv_count: torch.Tensor, kv_index: torch.Tensor, full_count: torch.Tensor,
+                    full_index: torch.Tensor, n_cols: int, width: Optional[int] = None,
+                    full_width: Optional[int] = None, zero_pad: bool = True):
+    """Transpose both row lists of a layout (``count [B,H,nr]``, ``index [B,H,nr,W]``; partial and full) into
+    column lists over ``n_cols`` columns: ``(q_count, q_index, q_slot, full_q_count, full_q_index)``, rows
+    ascending in every column, ``q_slot`` the slot of each partial entry in its forward row.
+
+    One Triton launch (:mod:`sparseattn.kernels.transpose`) when both widths are given: no host sync, fixed
+    shapes. A width left None is the longest column of that list (at least 1; :func:`longest_column`, one
+    host sync). ``zero_pad`` fills the unused tail of each column with 0."""
+    from .kernels import BACKEND
+    from .kernels.transpose import transpose_kernel
+    B, H, n_rows, W = kv_index.shape
+    FW = full_index.shape[-1]
+    device = kv_index.device
+    kv_count, kv_index, full_count, full_index = (t.contiguous() for t in (kv_count, kv_index, full_count,
+                                                                           full_index))
+    rows, cols, w_pow2 = transpose_blocks(n_rows, n_cols, max(W, FW), BACKEND == "interpreter")
+    grid = (cdiv(n_cols, cols), B * H, 2)
     if width is None:
-        width = int(col_count.max()) if col_count.numel() else 0
-    width = max(width, 1)
-    in_range = key_sorted < n_keys
-    safe_key = torch.where(in_range, key_sorted, torch.zeros_like(key_sorted))
-    pos = torch.arange(key_sorted.numel(), device=device) - start[safe_key]
-    out = torch.zeros(n_keys * width + 1, dtype=torch.int64, device=device)  # last element is a spill slot
-    dest = torch.where(in_range, safe_key * width + pos, torch.full_like(pos, n_keys * width))
-    out.scatter_(0, dest, rows_sorted)
-    q_index = out[:-1].view(B, H, n_cols, width).to(INDEX_DTYPE)
-    slot_out = torch.zeros_like(out)
-    slot_out.scatter_(0, dest, slots_sorted)
-    q_slot = slot_out[:-1].view(B, H, n_cols, width).to(INDEX_DTYPE)
-    return col_count.view(B, H, n_cols).to(INDEX_DTYPE), q_index, q_slot
+        width = longest_column(kv_count, kv_index, n_cols)
+    if full_width is None:
+        full_width = longest_column(full_count, full_index, n_cols)
+    q_count = torch.empty(B, H, n_cols, dtype=INDEX_DTYPE, device=device)
+    full_q_count = torch.empty_like(q_count)
+    q_index = torch.empty(B, H, n_cols, width, dtype=INDEX_DTYPE, device=device)
+    q_slot = torch.empty_like(q_index)
+    full_q_index = torch.empty(B, H, n_cols, full_width, dtype=INDEX_DTYPE, device=device)
+    transpose_kernel[grid](
+        COUNT=kv_count, INDEX=kv_index, FULL_COUNT=full_count, FULL_INDEX=full_index, OUT_COUNT=q_count,
+        OUT_INDEX=q_index, OUT_SLOT=q_slot, OUT_FULL_COUNT=full_q_count, OUT_FULL_INDEX=full_q_index,
+        n_rows=n_rows, n_cols=n_cols, W=W, FW=FW, WT=width, FWT=full_width,
+        ROWS=rows, COLS=cols, W_POW2=w_pow2, ZERO_PAD=zero_pad, num_warps=4)
+    return q_count, q_index, q_slot, full_q_count, full_q_index
 
 
 def pack_bits(cells: torch.Tensor) -> torch.Tensor:

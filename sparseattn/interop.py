@@ -122,6 +122,28 @@ def to_flex(layout, num_heads: Optional[int] = None):
         mask_mod.__name__ = "tile_bits"
     else:
         mask_mod = None
+    if layout.row_slot is not None:
+        mask_mod = _with_member_bits(layout, mask_mod, group)
     return BlockMask.from_kv_blocks(kv_count, widen(kv_index), full_count, widen(full_index),
                                     BLOCK_SIZE=(layout.block_q, layout.block_k), mask_mod=mask_mod,
                                     seq_lengths=(layout.q_len, layout.kv_len))
+
+
+def _with_member_bits(layout, inner, group: int):
+    """``inner`` (a Flex mask_mod of the layout, local query indices) AND'ed with a routed layout's member
+    bits: query row ``q`` uses the tile at slot ``s`` of its row only where ``row_slot[.., q, s]`` is set."""
+    nk, bq, bk = layout.nk, layout.block_q, layout.block_k
+    slot_of = torch.full((layout.B, layout.H, layout.nq, nk), -1, dtype=torch.int64, device=layout.device)
+    b, h, qi, slot = layout.partial_tiles()
+    slot_of[b, h, qi, layout.kv_index[b, h, qi, slot].long()] = slot
+    rows, one_b, one_h, last = layout.row_slot, layout.B == 1, layout.H == 1, layout.q_len - 1
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        bb = torch.zeros_like(b) if one_b else b
+        hh = torch.zeros_like(h) if one_h else h // group
+        s = slot_of[bb, hh, q_idx // bq, kv_idx // bk]
+        chose = rows[bb, hh, q_idx.clamp(max=last), s.clamp(min=0)] != 0
+        return inner(b, h, q_idx, kv_idx) & (s >= 0) & chose
+
+    mask_mod.__name__ = f"{getattr(inner, '__name__', 'mask_mod')}&member_bits"
+    return mask_mod

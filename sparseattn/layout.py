@@ -57,15 +57,21 @@ class BlockLayout:
     local query indices; pass it to the constructors to use a mask_mod written for Flex (cross-attention, or a
     mask that indexes a table of length ``q_len``) with the meaning it has there.
 
+    A routed layout with ``semantics="member"`` also has ``row_slot`` (uint8 ``[B,H,q_len,W]``): query row
+    ``r`` uses the partial tile at slot ``s`` of its row only where ``row_slot[.., r, s]`` is 1 (AND'ed with the
+    mask_mod). *Dynamic* layouts (:meth:`from_lists` with ``trusted=True``, :meth:`with_capacity`) have fixed
+    widths and may have their contents replaced (:meth:`copy_into`); ops build no content-derived plan for
+    them.
+
     The constructor takes explicit lists and validates them; the ``from_*`` classmethods build them.
     """
 
     __slots__ = ("q_len", "kv_len", "block_q", "block_k", "kv_count", "kv_index", "full_count", "full_index",
-                 "mask_mod", "tile_bits", "_q_offset", "_plans")
+                 "mask_mod", "tile_bits", "row_slot", "dynamic", "_q_offset", "_plans")
 
     def __init__(self, kv_count, kv_index, full_count, full_index, *, q_len: int, kv_len: int,
-                 block_q: int = 128, block_k: int = 128, mask_mod=None, tile_bits=None, validate: bool = True,
-                 q_offset: Optional[int] = None):
+                 block_q: int = 128, block_k: int = 128, mask_mod=None, tile_bits=None, row_slot=None,
+                 validate: bool = True, q_offset: Optional[int] = None):
         self.q_len = check_int("q_len", q_len)
         self.kv_len = check_int("kv_len", kv_len)
         self._q_offset = self.default_q_offset(q_len, kv_len, q_offset)
@@ -77,6 +83,8 @@ class BlockLayout:
         self.full_count, self.full_index = full_count, full_index
         self.mask_mod = mask_mod
         self.tile_bits = tile_bits
+        self.row_slot = row_slot  # member selections: uint8 [B, H, q_len, W], query row x partial slot
+        self.dynamic = False  # set by the trusted constructors: table contents may change (copy_into)
         # derived data (transposed lists, launch plans), built on first use and cached here only: the layout's
         # own fields never change after construction and stats() never sees this
         self._plans: dict = {}
@@ -254,7 +262,9 @@ class BlockLayout:
                             self.full_index.to(device), q_len=self.q_len, kv_len=self.kv_len,
                             block_q=self.block_q, block_k=self.block_k, mask_mod=self.mask_mod,
                             tile_bits=None if self.tile_bits is None else self.tile_bits.to(device),
+                            row_slot=None if self.row_slot is None else self.row_slot.to(device),
                             validate=False, q_offset=self.q_offset)
+        moved.dynamic = self.dynamic
         if "transposed" in self._plans:
             moved._plans["transposed"] = TransposedLists(*(t.to(device) for t in self._plans["transposed"]))
         return moved
@@ -270,11 +280,18 @@ class BlockLayout:
         ki = self.kv_index[b, h, qi, slot].long()
         if self.tile_bits is not None:
             cells = T.unpack_bits(self.tile_bits[b, h, qi, slot])
-            return cells & T.tile_valid(qi, ki, self.block_q, self.block_k, self.q_len, self.kv_len)
-        if self.mask_mod is None:
+            cells = cells & T.tile_valid(qi, ki, self.block_q, self.block_k, self.q_len, self.kv_len)
+        elif self.mask_mod is None:
             raise ValueError("this layout has partial tiles but neither mask_mod nor tile_bits")
-        return T.eval_tiles(self.mask_mod, b, h, qi, ki, self.q_offset, self.q_len, self.kv_len,
-                           self.block_q, self.block_k)
+        else:
+            cells = T.eval_tiles(self.mask_mod, b, h, qi, ki, self.q_offset, self.q_len, self.kv_len,
+                                 self.block_q, self.block_k)
+        if self.row_slot is not None:  # member selections: only the rows that chose this slot use the tile
+            rows = (qi.long()[:, None] * self.block_q + torch.arange(self.block_q, device=qi.device)).clamp(
+                max=self.q_len - 1)  # [t, bq]; rows past q_len are already False
+            chose = self.row_slot[b[:, None], h[:, None], rows, slot[:, None]] != 0  # [t, bq]
+            cells = cells & chose[..., None]
+        return cells
 
     def partial_tiles(self):
         """All listed partial tiles as index tensors ``(b, h, qi, slot)``."""
@@ -326,10 +343,11 @@ class BlockLayout:
 
     # ---- transposed lists ----------------------------------------------------------------------------------
     def transpose(self, width: Optional[int] = None) -> TransposedLists:
-        """Build the transposed lists on the device (O(nnz), no host loop). ``width`` fixes their capacity
-        (no host sync for the maximum); by default it is the longest column."""
-        q_count, q_index, q_slot = T.transpose_lists(self.kv_count, self.kv_index, self.nk, width)
-        full_q_count, full_q_index, _ = T.transpose_lists(self.full_count, self.full_index, self.nk, width)
+        """Build the transposed lists on the device in one fused launch (:func:`sparseattn._tiles.transpose_lists`:
+        rows ascending in every column, no sort, no atomics). ``width`` fixes their capacity (no host sync);
+        by default each list's width is its longest column (a count-only launch and one host sync)."""
+        q_count, q_index, q_slot, full_q_count, full_q_index = T.transpose_lists(
+            self.kv_count, self.kv_index, self.full_count, self.full_index, self.nk, width, width)
         return TransposedLists(q_count, q_index, full_q_count, full_q_index, q_slot)
 
     def plan(self, key, build):
@@ -358,6 +376,171 @@ class BlockLayout:
     @property
     def full_q_index(self) -> torch.Tensor:
         return self.transposed_lists().full_q_index
+
+    # ---- dynamic layouts: run-time selections, fixed capacity, CUDA graphs -----------------------------------
+    @classmethod
+    def from_lists(cls, kv_count, kv_index, full_count, full_index, *, q_len: int, kv_len: int,
+                   block_q: int = 128, block_k: int = 128, mask_mod=None, tile_bits=None, row_slot=None,
+                   trusted: bool = False, transposed_width: Optional[int] = None) -> "BlockLayout":
+        """A layout from explicit lists.
+
+        ``trusted=False``: validated like the constructor (a host sync), a static layout. ``trusted=True``: the
+        caller guarantees the list rules (``route`` builds them so): no validation pass and no host sync; only
+        shapes, dtypes and devices are checked. The layout is *dynamic*: its widths are fixed, its transposed
+        lists are built now by one launch with the fixed width ``transposed_width`` (default ``nq``, enough
+        for any column), and ops derive no plan from its contents, so :meth:`copy_into` may replace them. Its
+        partial tiles must be exact without looking at the contents: a mask_mod the kernels evaluate in
+        registers (``causal``, bands, sinks, documents) or ``tile_bits``."""
+        layout = cls(kv_count, kv_index, full_count, full_index, q_len=q_len, kv_len=kv_len, block_q=block_q,
+                     block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits, row_slot=row_slot,
+                     validate=not trusted)
+        if trusted:
+            layout._check_trusted()
+            layout.dynamic = True
+            layout._plans["transposed"] = layout.transpose_fixed(transposed_width or layout.nq)
+        return layout
+
+    @classmethod
+    def with_capacity(cls, B: int, H: int, q_len: int, kv_len: int, block_q: int = 128, block_k: int = 128, *,
+                      width: int, full_width: int = 1, mask_mod=None, member: bool = False,
+                      transposed_width: Optional[int] = None, device=None) -> "BlockLayout":
+        """An empty dynamic layout with fixed widths (every row lists nothing): the static target a CUDA graph is
+        captured on, refilled by ``routed.copy_into(static)`` before each replay. ``member`` adds the row x
+        slot bits of a ``semantics="member"`` routing."""
+        for name, value in (("B", B), ("H", H), ("width", width), ("full_width", full_width)):
+            check_int(name, value)
+        check_block("block_q", block_q)
+        check_block("block_k", block_k)
+        nq = T.cdiv(check_int("q_len", q_len), block_q)
+        check_int("kv_len", kv_len)
+        device = T.default_device(device)
+
+        def zeros(*shape, dtype=T.INDEX_DTYPE):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+        row_slot = zeros(B, H, q_len, width, dtype=torch.uint8) if member else None
+        return cls.from_lists(zeros(B, H, nq), zeros(B, H, nq, width), zeros(B, H, nq), zeros(B, H, nq, full_width),
+                              q_len=q_len, kv_len=kv_len, block_q=block_q, block_k=block_k, mask_mod=mask_mod,
+                              row_slot=row_slot, trusted=True, transposed_width=transposed_width)
+
+    def transpose_fixed(self, width: int) -> TransposedLists:
+        """The transposed lists with both widths fixed to ``width``: one launch, no host sync, unused column
+        tails left unwritten (never read)."""
+        q_count, q_index, q_slot, full_q_count, full_q_index = T.transpose_lists(
+            self.kv_count, self.kv_index, self.full_count, self.full_index, self.nk, width, width, zero_pad=False)
+        return TransposedLists(q_count, q_index, full_q_count, full_q_index, q_slot)
+
+    def _check_trusted(self) -> None:
+        """What a trusted layout can check without reading its contents: kinds, shapes, dtypes, devices, and a
+        mask path that needs no content-derived plan."""
+        from .predicates import kernel_predicate
+        nq = self.nq
+        tensors = {"kv_count": self.kv_count, "kv_index": self.kv_index, "full_count": self.full_count,
+                   "full_index": self.full_index}
+        for name, t in tensors.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != T.INDEX_DTYPE:
+                raise TypeError(f"{name} must be int32, got {t.dtype}")
+            if t.device != self.kv_count.device:
+                raise ValueError(f"{name} is on {t.device} but kv_count is on {self.kv_count.device}")
+        for cname, iname in (("kv_count", "kv_index"), ("full_count", "full_index")):
+            count, index = tensors[cname], tensors[iname]
+            if count.dim() != 3 or count.shape[2] != nq or index.dim() != 4 or \
+                    tuple(index.shape[:3]) != tuple(count.shape) or index.shape[3] < 1:
+                raise ValueError(f"{cname}/{iname} must have shapes [B, H, nq={nq}] and [B, H, nq, W>=1], got "
+                                 f"{tuple(count.shape)} and {tuple(index.shape)}")
+        if tuple(self.kv_count.shape[:2]) != tuple(self.full_count.shape[:2]):
+            raise ValueError(f"kv_count {tuple(self.kv_count.shape)} and full_count {tuple(self.full_count.shape)} "
+                             f"must share B and H")
+        if self.row_slot is not None:
+            want = (self.B, self.H, self.q_len, self.width)
+            if not isinstance(self.row_slot, torch.Tensor) or self.row_slot.dtype != torch.uint8 or \
+                    tuple(self.row_slot.shape) != want or self.row_slot.device != self.device:
+                raise ValueError(f"row_slot must be a uint8 tensor of shape {list(want)} on {self.device}")
+        if self.tile_bits is None and self.mask_mod is not None and kernel_predicate(self.mask_mod) is None:
+            raise ValueError(f"a trusted (dynamic) layout needs a mask_mod the kernels evaluate in registers "
+                             f"(bands, sinks, documents) or tile_bits; {getattr(self.mask_mod, '__name__', '?')!r} "
+                             f"would need bits derived from the contents")
+
+    def _same_capacity(self, other: "BlockLayout") -> Optional[str]:
+        """Why ``other`` cannot receive this layout's tables (None if it can)."""
+        from .predicates import kernel_predicate
+        for name in ("q_len", "kv_len", "block_q", "block_k"):
+            if getattr(self, name) != getattr(other, name):
+                return f"{name} differs ({getattr(self, name)} vs {getattr(other, name)})"
+        for name in ("kv_count", "kv_index", "full_count", "full_index", "row_slot", "tile_bits"):
+            a, b = getattr(self, name), getattr(other, name)
+            if (a is None) != (b is None):
+                return f"{name} is {'absent' if a is None else 'present'} here but not in the target"
+            if a is not None and (a.shape != b.shape or a.dtype != b.dtype):
+                return f"{name} has shape {tuple(a.shape)} here but {tuple(b.shape)} in the target"
+        if self.device != other.device:
+            return f"the target is on {other.device}, this layout on {self.device}"
+        if self.mask_mod is not other.mask_mod:
+            mine, theirs = kernel_predicate(self.mask_mod), kernel_predicate(other.mask_mod)
+            if mine is None or theirs is None or mine != theirs:
+                return "the mask_mods differ (the target's kernels would mask partial tiles differently)"
+        return None
+
+    def copy_into(self, static: "BlockLayout") -> "BlockLayout":
+        """Copy this layout's tables (lists, member bits, tile bits, transposed lists) into the dynamic layout
+        ``static`` of the same capacity, in place (device copies, no host sync), so a CUDA graph captured on
+        ``static`` replays with this selection. Returns ``static``."""
+        if not isinstance(static, BlockLayout):
+            raise TypeError(f"static must be a BlockLayout, got {type(static).__name__}")
+        if not static.dynamic:
+            raise ValueError("copy_into needs a dynamic target (BlockLayout.with_capacity or a trusted from_lists): "
+                             "a static layout caches plans derived from its contents")
+        why = self._same_capacity(static)
+        if why is not None:
+            raise ValueError(f"copy_into: the target has another capacity or mask path: {why}")
+        for name in ("kv_count", "kv_index", "full_count", "full_index", "row_slot", "tile_bits"):
+            src = getattr(self, name)
+            if src is not None:
+                getattr(static, name).copy_(src)
+        dst = static.transposed_lists()
+        width = dst.q_index.shape[-1]
+        src = self.transposed_lists()
+        if src.q_index.shape[-1] != width or src.full_q_index.shape[-1] != dst.full_q_index.shape[-1]:
+            src = self.transpose_fixed(width)
+        for a, b in zip(dst, src):
+            a.copy_(b)
+        return static
+
+    def dense_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The exact token mask of some query rows: bool ``[B, H, len(rows), kv_len]`` for local query rows
+        ``rows`` (1-D int tensor), equal to ``to_dense()[:, :, rows]`` but built from the rows' own lists, so it
+        stays small when ``q_len x kv_len`` is not (member bits included)."""
+        rows = torch.as_tensor(rows, device=self.device).long().flatten()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.q_len):
+            raise ValueError(f"rows must be local query rows in [0, q_len={self.q_len})")
+        B, H, bk, dev = self.B, self.H, self.block_k, self.device
+        qi = rows // self.block_q  # [R]
+        _, full = self.block_classes()
+        keys = full[:, :, qi].repeat_interleave(bk, dim=-1)[..., : self.kv_len].clone()  # [B, H, R, Lk]
+        idx = self.kv_index[:, :, qi].long()  # [B, H, R, W]
+        listed = torch.arange(self.width, device=dev) < self.kv_count[:, :, qi, None]
+        kv = idx[..., None] * bk + torch.arange(bk, device=dev)  # [B, H, R, W, bk]
+        in_range = listed[..., None] & (kv < self.kv_len)
+        if self.tile_bits is not None:
+            r_in = (rows % self.block_q).view(1, 1, -1, 1)
+            bits = self.tile_bits[torch.arange(B, device=dev).view(B, 1, 1, 1), torch.arange(H, device=dev).view(
+                1, H, 1, 1), qi.view(1, 1, -1, 1), torch.arange(self.width, device=dev).view(1, 1, 1, -1), r_in]
+            cells = T.unpack_bits(bits)  # [B, H, R, W, bk]
+        elif self.mask_mod is not None:
+            b = torch.arange(B, device=dev).view(B, 1, 1, 1, 1)
+            h = torch.arange(H, device=dev).view(1, H, 1, 1, 1)
+            q_abs = (rows + self.q_offset).view(1, 1, -1, 1, 1)
+            cells = torch.broadcast_to(self.mask_mod(b, h, q_abs, kv.clamp(max=self.kv_len - 1)), kv.shape)
+        else:
+            cells = torch.zeros_like(in_range)
+        cells = cells & in_range
+        if self.row_slot is not None:
+            cells = cells & (self.row_slot[:, :, rows] != 0)[..., None]
+        flat = torch.where(in_range, kv, torch.full_like(kv, self.kv_len)).flatten(3)  # spill column Lk
+        spill = torch.zeros(B, H, rows.numel(), self.kv_len + 1, dtype=torch.bool, device=dev)
+        spill.scatter_(-1, flat, cells.flatten(3))
+        return keys | spill[..., : self.kv_len]
 
     # ---- statistics ----------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -462,6 +645,15 @@ class BlockLayout:
         if both.any():
             where = tuple(both.nonzero()[0].tolist())
             raise ValueError(f"tile {list(where)} is listed both as partial (kv_index) and full (full_index)")
+        if self.row_slot is not None:
+            want = (self.B, self.H, self.q_len, self.width)
+            if not isinstance(self.row_slot, torch.Tensor) or self.row_slot.dtype != torch.uint8:
+                raise TypeError("row_slot must be a uint8 tensor")
+            if tuple(self.row_slot.shape) != want:
+                raise ValueError(f"row_slot must have shape [B, H, q_len, W] = {list(want)}, got "
+                                 f"{tuple(self.row_slot.shape)}")
+            if self.row_slot.device != self.device:
+                raise ValueError(f"row_slot is on {self.row_slot.device} but the lists are on {self.device}")
         if self.tile_bits is not None:
             want = (self.B, self.H, nq, self.width, self.block_q, self.block_k // 8)
             if not isinstance(self.tile_bits, torch.Tensor) or self.tile_bits.dtype != torch.uint8:

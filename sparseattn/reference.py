@@ -19,7 +19,8 @@ from ._checks import check_qkv, seqs_tensor
 from .paged import PagedKVCache, PageSelection, check_select_args
 
 __all__ = ["reference_attention", "merge_states", "decode_reference", "page_bounds_reference",
-           "select_pages_reference"]
+           "select_pages_reference", "route_scores_reference", "route_reference", "select_blocks_reference",
+           "selection_recall_reference"]
 
 
 def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -216,3 +217,194 @@ def decode_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None, pages: Opt
         outs.append(o[0, :, 0])
         lses.append(lse[0, :, 0])
     return torch.stack(outs), torch.stack(lses)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# content routing (the spec of sparseattn.route): torch.sort instead of bisection, dense masks, one head at a time
+# ---------------------------------------------------------------------------------------------------------
+def _pooled_blocks(x: torch.Tensor, block: int):
+    """Mean, min and max of every ``block`` rows of ``x [B, H, L, D]`` (the last block clipped), float32
+    ``[B, H, n, D]``."""
+    B, H, L, D = x.shape
+    n = -(-L // block)
+    pad = n * block - L
+    xf = torch.nn.functional.pad(x.float(), (0, 0, 0, pad)).view(B, H, n, block, D)
+    valid = (torch.arange(n * block, device=x.device) < L).view(1, 1, n, block, 1)
+    rows = valid.sum(3).float()  # [1, 1, n, 1]
+    mean = (xf * valid).sum(3) / rows
+    lo = torch.where(valid, xf, torch.full_like(xf, float("inf"))).amin(3)
+    hi = torch.where(valid, xf, torch.full_like(xf, float("-inf"))).amax(3)
+    return mean, lo, hi
+
+
+def _shared_heads(spec) -> torch.Tensor:
+    """``[LH, n_shared]``: the query heads whose scores each layout head takes the max of."""
+    return torch.arange(spec.LH * spec.n_shared).view(spec.LH, spec.n_shared)
+
+
+def _pooled_score(qp: torch.Tensor, kmean, kmin, kmax, pool: str) -> torch.Tensor:
+    """Scores of pooled queries ``[..., r, D]`` against key blocks ``[..., c, D]`` -> ``[..., r, c]``."""
+    if pool == "bound":
+        return qp.clamp(min=0) @ kmax.transpose(-1, -2) + qp.clamp(max=0) @ kmin.transpose(-1, -2)
+    return qp @ kmean.transpose(-1, -2)
+
+
+def _forced_blocks(spec, j: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """Key blocks ``j`` that query block ``i`` always keeps (broadcasting): the first ``sinks``, and for every
+    query row the ``local`` key blocks ending at the row's own block."""
+    q_first = i * spec.block_q + spec.q_offset
+    q_last = torch.clamp((i + 1) * spec.block_q, max=spec.Lq) - 1 + spec.q_offset
+    jf = torch.clamp(q_first // spec.block_k, max=spec.nk - 1)
+    jd = torch.clamp(q_last // spec.block_k, max=spec.nk - 1)
+    if spec.local == 0:
+        return (j < spec.sinks) | torch.zeros_like(j + i, dtype=torch.bool)
+    return (j < spec.sinks) | ((j >= jf - spec.local + 1) & (j <= jd))
+
+
+def route_scores_reference(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128,
+                           causal: bool = True, share: str = "kv_head", pool: str = "mean",
+                           scale: Optional[float] = None) -> torch.Tensor:
+    """Eager reference of :func:`sparseattn.routing.block_scores`: float32 ``[B, H, nq, nk]``."""
+    from ._checks import check_route
+    spec = check_route(q, k, block_q, block_k, 0, None, causal, 0, 0, share, pool, "block", None, None, scale)
+    return _route_scores(q, k, spec)
+
+
+def _route_scores(q, k, spec) -> torch.Tensor:
+    qp, _, _ = _pooled_blocks(q, spec.block_q)  # [B, Hq, nq, D]
+    kmean, kmin, kmax = _pooled_blocks(k, spec.block_k)  # [B, Hkv, nk, D]
+    heads = _shared_heads(spec)  # [LH, G]
+    kv_of = heads // spec.group
+    per_head = _pooled_score(qp[:, heads.flatten()], kmean[:, kv_of.flatten()], kmin[:, kv_of.flatten()],
+                             kmax[:, kv_of.flatten()], spec.pool)  # [B, LH * G, nq, nk]
+    s = per_head.view(spec.B, spec.LH, spec.n_shared, spec.nq, spec.nk).amax(2) * spec.scale
+    if spec.causal:
+        i = torch.arange(spec.nq, device=q.device)
+        q_last = torch.clamp((i + 1) * spec.block_q, max=spec.Lq) - 1 + spec.q_offset
+        visible = torch.arange(spec.nk, device=q.device)[None, :] * spec.block_k <= q_last[:, None]  # [nq, nk]
+        s = s.masked_fill(~visible, float("-inf"))
+    return s
+
+
+def _take_top(score: torch.Tensor, pool: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Bool mask of the ``n`` best members of ``pool`` along the last dim (ties: lower index first)."""
+    ranked = torch.where(pool, score, torch.full_like(score, float("-inf")))
+    order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices  # stable: lower index first
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
+    return pool & (rank < n[..., None])
+
+
+def _mass_limit(s, visible, forced, cand, threshold: float) -> torch.Tensor:
+    """How many of the best candidates the threshold rule keeps: candidates in score order (ties: lower
+    index), each kept while the softmax mass of the pooled scores already kept (forced included) is below
+    ``threshold``."""
+    p = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
+    p = torch.where(visible, p, torch.zeros_like(p))
+    forced_mass = (p * forced).sum(-1, keepdim=True)
+    ranked = torch.where(cand, s, torch.full_like(s, float("-inf")))
+    order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices
+    p_sorted = torch.gather(torch.where(cand, p, torch.zeros_like(p)), -1, order)
+    before = torch.cumsum(p_sorted, -1) - p_sorted  # mass of the candidates ahead of each one
+    is_cand = torch.gather(cand, -1, order)
+    return (is_cand & (forced_mass + before < threshold)).sum(-1)
+
+
+def route_reference(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128,
+                    topk: Optional[int] = None, threshold: Optional[float] = None, causal: bool = True,
+                    local: int = 1, sinks: int = 1, share: str = "kv_head", pool: str = "mean",
+                    semantics: str = "block", capacity: Optional[int] = None, member_topk: Optional[int] = None,
+                    scale: Optional[float] = None):
+    """Eager reference of :func:`sparseattn.route`: the same layout (same lists, widths and member bits),
+    computed with ``torch.sort`` on the dense block scores and validated."""
+    from . import patterns as P
+    from ._checks import check_route
+    from .layout import BlockLayout
+    spec = check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics,
+                       capacity, member_topk, scale)
+    kv_count, kv_index, full_count, full_index = select_blocks_reference(_route_scores(q, k, spec), spec)
+    row_slot = None
+    if semantics == "member":
+        row_slot = _member_reference(q, k, spec, kv_count, kv_index)
+        mask_mod = P.causal() if causal else P.full()
+    else:
+        mask_mod = P.causal() if causal else None
+    return BlockLayout(kv_count, kv_index, full_count, full_index, q_len=spec.Lq, kv_len=spec.Lk, block_q=block_q,
+                       block_k=block_k, mask_mod=mask_mod, row_slot=row_slot)
+
+
+def select_blocks_reference(s: torch.Tensor, spec):
+    """The selection rule on given block scores ``s [B, LH, nq, nk]`` (-inf: not visible) and a checked
+    :class:`~sparseattn._checks.RouteSpec`: row lists ``(kv_count, kv_index, full_count, full_index)``. Shared by
+    :func:`route_reference` and the GPU test that compares the top-k kernel on the same scores."""
+    from . import _tiles as T
+    dev = s.device
+    j = torch.arange(spec.nk, device=dev)[None, :]  # [1, nk]
+    visible = s > float("-inf")
+    forced = visible & _forced_blocks(spec, j, torch.arange(spec.nq, device=dev)[:, None])
+    cand = visible & ~forced
+    n = torch.minimum(torch.clamp(spec.capacity - forced.sum(-1), min=0), cand.sum(-1))
+    n = torch.clamp(n, max=spec.topk)
+    if spec.threshold is not None:
+        n = torch.minimum(n, _mass_limit(s, visible, forced, cand, spec.threshold))
+    take = forced | _take_top(s, cand, n)  # [B, LH, nq, nk]
+    i = torch.arange(spec.nq, device=dev)[:, None]
+    if spec.semantics == "member":
+        partial, full = take, torch.zeros_like(take)
+    else:
+        full = take
+        if spec.causal:  # the block's last key (clipped) is not after the query block's first position
+            full = take & (torch.clamp((j + 1) * spec.block_k, max=spec.Lk) - 1 <= i * spec.block_q + spec.q_offset)
+        partial = take & ~full
+    kv_count, kv_index = T.rows_to_lists(partial, spec.width)
+    full_count, full_index = T.rows_to_lists(full, spec.full_width)
+    return kv_count, kv_index, full_count, full_index
+
+
+def _member_reference(q, k, spec, kv_count, kv_index) -> torch.Tensor:
+    """Row x slot bits uint8 ``[B, LH, Lq, W]``: each query row keeps its block's forced slots and its own
+    ``member_topk`` best other slots (per-row scores against pooled keys; ties: lower slot)."""
+    dev = q.device
+    kmean, kmin, kmax = _pooled_blocks(k, spec.block_k)
+    heads = _shared_heads(spec)
+    kv_of = heads // spec.group
+    r = torch.arange(spec.Lq, device=dev)
+    qi = r // spec.block_q  # [Lq]
+    idx = kv_index.long()[:, :, qi]  # [B, LH, Lq, W]: each row's block selection
+    listed = torch.arange(spec.width, device=dev) < kv_count[:, :, qi, None]
+    score = torch.full(idx.shape, float("-inf"), device=dev)
+    for g in range(spec.n_shared):
+        hq, hkv = heads[:, g], kv_of[:, g]  # [LH]
+        qr = q[:, hq].float()  # [B, LH, Lq, D]
+
+        def gather(t):
+            return torch.gather(t[:, hkv], 2, idx.flatten(2)[..., None].expand(-1, -1, -1, spec.D)).view(
+                *idx.shape, spec.D)  # [B, LH, Lq, W, D]
+        if spec.pool == "bound":
+            sg = (qr.clamp(min=0)[..., None, :] * gather(kmax)).sum(-1) + \
+                (qr.clamp(max=0)[..., None, :] * gather(kmin)).sum(-1)
+        else:
+            sg = (qr[..., None, :] * gather(kmean)).sum(-1)
+        score = torch.maximum(score, sg)
+    usable = listed
+    if spec.causal:
+        usable = usable & (idx * spec.block_k <= (r + spec.q_offset)[None, None, :, None])
+    forced = listed & _forced_blocks(spec, idx, qi[None, None, :, None])
+    cand = usable & ~forced
+    n = torch.clamp(cand.sum(-1), max=spec.member_topk)
+    return (forced | _take_top(score, cand, n)).to(torch.uint8)
+
+
+def selection_recall_reference(q: torch.Tensor, k: torch.Tensor, layout, causal: bool = True,
+                               scale: Optional[float] = None) -> torch.Tensor:
+    """Eager reference of :func:`sparseattn.selection_recall` on every row: float64 ``[B, Hq, Lq]``, the full
+    attention's probabilities (dense, ``causal`` or not) summed over ``layout.to_dense()``."""
+    B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, k)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = (q.double() @ _expand_heads(k.double(), Hq).transpose(-1, -2)) * scale
+    if causal:
+        q_abs = torch.arange(Lq, device=q.device) + max(Lk - Lq, 0)
+        s = s.masked_fill(torch.arange(Lk, device=q.device)[None, :] > q_abs[:, None], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    mask = layout.to_dense()
+    return (p * _expand_heads(mask, Hq) if mask.shape[1] != 1 else p * mask).sum(-1)

@@ -1,5 +1,25 @@
 """Dynamic selection on the device.
 
+``route`` is content routing for prefill and training: every query block picks the key blocks it attends
+from pooled scores, and the result is a :class:`~sparseattn.layout.BlockLayout` built on the device with no
+host synchronisation and fixed widths, so routing and attention can be captured in one CUDA graph. Four
+launches (:mod:`sparseattn.kernels.route`, :mod:`sparseattn.kernels.transpose`):
+
+1. pool: the mean of every query block and every key block (and, for ``pool="bound"``, the element-wise
+   min and max of every key block), reading Q and K once;
+2. scores: pooled Q against pooled K, one small GEMM per query-block group, the max over the query heads that
+   share a selection (``share``), -inf for blocks a query block cannot see;
+3. select: forced blocks (``sinks`` first blocks; for every query row, the ``local`` blocks ending at its
+   own) plus the top-k of
+   the rest (and/or the fewest whose softmax mass reaches ``threshold``); ties go to the lower block index;
+   written ascending, split into tiles that cross the diagonal (partial, masked by ``causal``) and full tiles;
+4. transpose: the column lists the backward pass walks (one fused launch).
+
+``semantics="member"`` adds a fifth launch: each query row keeps the forced blocks and its own
+``member_topk`` best of the block's other choices (scored per row against the pooled keys), as one byte per
+(row, slot) that the kernels AND into the mask. The query block still loads every chosen tile; the rows
+differ in what they use. :func:`sparseattn.reference.route_reference` is the eager specification.
+
 ``select_pages`` is Quest-style page selection for decoding: for every page the cache keeps the element-wise
 min and max of its keys, so for a query q
 
@@ -12,14 +32,19 @@ stays on the device with fixed shapes, so a decode step with selection can be ca
 """
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 
-from ._checks import check_device, seqs_tensor
+from . import patterns as P
+from ._checks import RouteSpec, check_device, check_int, check_route, check_scale, seqs_tensor
+from .layout import BlockLayout
 from .paged import PagedKVCache, PageSelection, check_select_args
 
 _TOPK_BLOCK = 8192  # pages of one row kept in registers by the top-k kernel
 
-__all__ = ["page_bounds", "select_pages"]
+__all__ = ["page_bounds", "select_pages", "route", "select_blocks", "Selection", "block_scores", "selection_recall",
+           "SelectionRecall"]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -76,3 +101,230 @@ def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, alw
         capacity=capacity, always_first=always_first, always_last=always_last, PAGE_SIZE=cache.page_size,
         BLOCK_P=block_p, num_warps=8 if block_p >= 4096 else 4)
     return PageSelection(index, count, trusted=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# content routing for prefill and training
+# ---------------------------------------------------------------------------------------------------------
+def _pool(q: torch.Tensor, k: torch.Tensor, spec: RouteSpec):
+    """Pooled blocks, float32: ``q_mean [B,Hq,nq,D]``, ``k_mean [B,Hkv,nk,D]`` and, for ``pool="bound"``,
+    ``k_min``/``k_max`` (else None). One launch."""
+    from .kernels import route as K
+    B, D = spec.B, spec.D
+    f32 = dict(device=q.device, dtype=torch.float32)
+    q_mean = torch.empty(B, spec.Hq, spec.nq, D, **f32)
+    k_mean = torch.empty(B, spec.Hkv, spec.nk, D, **f32)
+    k_min = k_max = None
+    if spec.pool == "bound":
+        k_min, k_max = torch.empty_like(k_mean), torch.empty_like(k_mean)
+    K.pool_kernel[(max(spec.nq, spec.nk), B * (spec.Hq + spec.Hkv))](
+        Q=q, K=k, Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max,
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qm=q.stride(2),
+        stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kn=k.stride(2),
+        Hq=spec.Hq, Hkv=spec.Hkv, Lq=spec.Lq, Lk=spec.Lk, nq=spec.nq, nk=spec.nk, BQ_PROGRAMS=B * spec.Hq,
+        HEAD_DIM=D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, SUB=min(32, spec.block_q, spec.block_k),
+        num_warps=4)
+    return q_mean, k_mean, k_min, k_max
+
+
+def _scores(pooled, spec: RouteSpec) -> torch.Tensor:
+    """Block scores float32 ``[B, LH, nq, nk]`` (scaled; -inf where a query block cannot see a key block)."""
+    from .kernels import route as K
+    q_mean, k_mean, k_min, k_max = pooled
+    s = torch.empty(spec.B, spec.LH, spec.nq, spec.nk, device=q_mean.device, dtype=torch.float32)
+    block_r = 16  # query blocks a program: the smallest tl.dot M
+    K.block_scores_kernel[(-(-spec.nq // block_r), spec.B * spec.LH)](
+        Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max, S=s,
+        Hq=spec.Hq, Hkv=spec.Hkv, group=spec.group, LH=spec.LH, n_shared=spec.n_shared, nq=spec.nq, nk=spec.nk,
+        Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, scale=spec.scale,
+        HEAD_DIM=spec.D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_R=block_r, BLOCK_C=64,
+        CAUSAL=spec.causal, num_warps=4)
+    return s
+
+
+def _select(s: torch.Tensor, spec: RouteSpec):
+    """The chosen blocks of every query block as lists ``(kv_count, kv_index, full_count, full_index)`` of
+    widths ``spec.width`` / ``spec.full_width``. One launch."""
+    from .kernels import BACKEND
+    from .kernels import route as K
+    from ._tiles import INDEX_DTYPE
+    B, LH, nq = spec.B, spec.LH, spec.nq
+    i32 = dict(device=s.device, dtype=INDEX_DTYPE)
+    kv_count, full_count = torch.empty(B, LH, nq, **i32), torch.empty(B, LH, nq, **i32)
+    # padding is never read; zeros keep the tables printable and comparable
+    kv_index = torch.zeros(B, LH, nq, spec.width, **i32)
+    full_index = torch.zeros(B, LH, nq, spec.full_width, **i32)
+    block_nk = max(16, 1 << (spec.nk - 1).bit_length())
+    # a GPU program takes one query block (a row of scores in registers); the interpreter takes many, since
+    # it pays per operation, not per element
+    rows = 1 if BACKEND != "interpreter" else min(1 << (nq - 1).bit_length(), max(1, (1 << 14) // block_nk))
+    K.select_kernel[(-(-nq // rows), B * LH)](
+        S=s, KV_COUNT=kv_count, KV_INDEX=kv_index, FULL_COUNT=full_count, FULL_INDEX=full_index,
+        nq=nq, nk=spec.nk, Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, topk=spec.topk,
+        capacity=spec.capacity, local=spec.local, sinks=spec.sinks, threshold=spec.threshold,
+        W=spec.width, FW=spec.full_width, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk, ROWS=rows,
+        CAUSAL=spec.causal, MEMBER=spec.semantics == "member",
+        # the 33 bisection steps each reduce the row: one warp keeps those reductions in shuffles up to 256 blocks
+        num_warps=1 if block_nk <= 256 else 2 if block_nk <= 1024 else 4 if block_nk <= 4096 else 8)
+    return kv_count, kv_index, full_count, full_index
+
+
+def _member_bits(q: torch.Tensor, pooled, kv_count, kv_index, spec: RouteSpec) -> torch.Tensor:
+    """Row x slot bits uint8 ``[B, LH, Lq, W]`` of a member selection. One launch."""
+    from .kernels import route as K
+    _, k_mean, k_min, k_max = pooled
+    row_slot = torch.empty(spec.B, spec.LH, spec.Lq, spec.width, device=q.device, dtype=torch.uint8)
+    block_m = min(spec.block_q, 64)
+    K.member_kernel[(-(-spec.Lq // block_m), spec.B * spec.LH)](
+        Q=q, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max, KV_COUNT=kv_count, KV_INDEX=kv_index, ROW_SLOT=row_slot,
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qm=q.stride(2),
+        Hq=spec.Hq, Hkv=spec.Hkv, group=spec.group, LH=spec.LH, n_shared=spec.n_shared, nq=spec.nq,
+        nk=spec.nk, Lq=spec.Lq, q_offset=spec.q_offset, local=spec.local, sinks=spec.sinks,
+        member_topk=spec.member_topk, W=spec.width,
+        HEAD_DIM=spec.D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_M=block_m,
+        W_PAD=max(16, 1 << (spec.width - 1).bit_length()), CAUSAL=spec.causal, num_warps=4)
+    return row_slot
+
+
+def _contiguous_rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def block_scores(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128, causal: bool = True,
+                 share: str = "kv_head", pool: str = "mean", scale: Optional[float] = None) -> torch.Tensor:
+    """The pooled block scores ``route`` ranks: float32 ``[B, H, nq, nk]`` (H per ``share``), scaled by the
+    softmax scale, -inf where a query block cannot see a key block. Two launches, no host sync
+    (:func:`sparseattn.reference.route_scores_reference` is the eager spec)."""
+    spec = check_route(q, k, block_q, block_k, 0, None, causal, 0, 0, share, pool, "block", None, None, scale)
+    check_device(q, what="q (and k)")
+    q, k = _contiguous_rows(q), _contiguous_rows(k)
+    return _scores(_pool(q, k, spec), spec)
+
+
+class Selection(NamedTuple):
+    """What :func:`select_blocks` chose, before the layout is built: the row lists, the member bits and the
+    layout's mask_mod and shape. :meth:`to_layout` builds the index (the transposed lists) and the layout."""
+    kv_count: torch.Tensor
+    kv_index: torch.Tensor
+    full_count: torch.Tensor
+    full_index: torch.Tensor
+    row_slot: Optional[torch.Tensor]
+    mask_mod: object
+    q_len: int
+    kv_len: int
+    block_q: int
+    block_k: int
+
+    def to_layout(self) -> BlockLayout:
+        """The dynamic layout (one launch for the transposed lists, no host sync)."""
+        return BlockLayout.from_lists(self.kv_count, self.kv_index, self.full_count, self.full_index,
+                                      q_len=self.q_len, kv_len=self.kv_len, block_q=self.block_q,
+                                      block_k=self.block_k, mask_mod=self.mask_mod, row_slot=self.row_slot,
+                                      trusted=True)
+
+
+def select_blocks(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128,
+                  topk: Optional[int] = None, threshold: Optional[float] = None, causal: bool = True, local: int = 1,
+                  sinks: int = 1, share: str = "kv_head", pool: str = "mean", semantics: str = "block",
+                  capacity: Optional[int] = None, member_topk: Optional[int] = None,
+                  scale: Optional[float] = None) -> Selection:
+    """The selection step of :func:`route` alone (pool, scores, top-k, member bits: three or four launches),
+    without building the index; ``route(...)`` is ``select_blocks(...).to_layout()``."""
+    spec = check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics,
+                       capacity, member_topk, scale)
+    check_device(q, what="q (and k)")
+    q, k = _contiguous_rows(q), _contiguous_rows(k)
+    pooled = _pool(q, k, spec)
+    kv_count, kv_index, full_count, full_index = _select(_scores(pooled, spec), spec)
+    row_slot = _member_bits(q, pooled, kv_count, kv_index, spec) if semantics == "member" else None
+    if semantics == "member":
+        mask_mod = P.causal() if causal else P.full()
+    else:
+        mask_mod = P.causal() if causal else None
+    return Selection(kv_count, kv_index, full_count, full_index, row_slot, mask_mod, spec.Lq, spec.Lk, block_q,
+                     block_k)
+
+
+def route(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128, topk: Optional[int] = None,
+          threshold: Optional[float] = None, causal: bool = True, local: int = 1, sinks: int = 1,
+          share: str = "kv_head", pool: str = "mean", semantics: str = "block", capacity: Optional[int] = None,
+          member_topk: Optional[int] = None, scale: Optional[float] = None) -> BlockLayout:
+    """Content routing: the key blocks every query block attends, chosen on the device from pooled scores.
+
+    q ``[B, Hq, Lq, D]``, k ``[B, Hkv, Lk, D]`` (queries are the last ``Lq`` positions when ``Lq < Lk``). Query
+    and key blocks are pooled (``pool="mean"``: the mean; ``"bound"``: the keys' element-wise min/max, scored
+    by Quest's upper bound ``relu(q) . max + min(q, 0) . min``), scored by one GEMM (scaled by ``scale``,
+    default ``1/sqrt(D)``), the max taken over the query heads that share a selection:
+
+    * ``share="kv_head"``: one selection per KV head, shared by its GQA group (layout ``H = Hkv``);
+      ``"all"``: one for every head (``H = 1``); ``"none"``: one per query head (``H = Hq``).
+
+    Every query block keeps its forced blocks when it can see them — the first ``sinks`` key blocks and, for
+    each of its rows, the ``local`` key blocks ending at the row's own block (so with ``local >= 1`` every row
+    sees its own position) — then adds visible blocks by score
+    while: fewer than ``topk`` were added, the row holds fewer than ``capacity`` tiles, and (with
+    ``threshold``) the softmax mass over visible blocks of what is kept is below ``threshold``. Ties go to the
+    lower block index. ``causal=True`` hides key blocks that start after a query block's last position and
+    masks the diagonal tiles token by token.
+
+    ``capacity`` (default ``min(nk, topk + local + sinks)`` for equal, aligned blocks; ``topk=None`` counts
+    as ``nk``; see :func:`sparseattn._checks.check_route`) is the fixed width of the result, so shapes never
+    depend on the data. ``semantics="block"``: every row of a query
+    block attends every chosen tile (full tiles unmasked, the diagonal ones causally masked).
+    ``"member"``: the chosen tiles are only what the query block loads; each query row keeps the forced blocks
+    and its own ``member_topk`` best others, scored per row against the pooled keys (``layout.row_slot``).
+
+    Returns a dynamic :class:`~sparseattn.layout.BlockLayout` (trusted: built without a validation pass or
+    a host sync; transposed lists included). The reported tiles are physical: a query block of
+    ``block_q`` rows reads each chosen ``block_q x block_k`` tile once, whatever its rows use.
+    """
+    return select_blocks(q, k, block_q, block_k, topk=topk, threshold=threshold, causal=causal, local=local,
+                         sinks=sinks, share=share, pool=pool, semantics=semantics, capacity=capacity,
+                         member_topk=member_topk, scale=scale).to_layout()
+
+
+class SelectionRecall(NamedTuple):
+    """Per query row, the share of the full attention's softmax mass that a layout's allowed cells cover."""
+    recall: torch.Tensor  # float32 [B, Hq, R]
+    rows: torch.Tensor  # int64 [R]: the local query rows measured
+
+    def mean(self) -> float:
+        return float(self.recall.mean())
+
+
+def _recall_rows(Lq: int, Lk: int, sample: Optional[int], device) -> torch.Tensor:
+    if sample is None:
+        sample = Lq if Lq * Lk <= (1 << 26) else 1024
+    n = min(check_int("sample", sample), Lq)
+    return torch.unique(torch.linspace(0, Lq - 1, n, device=device).round().long())
+
+
+def selection_recall(q: torch.Tensor, k: torch.Tensor, layout: BlockLayout, causal: bool = True,
+                     scale: Optional[float] = None, sample: Optional[int] = None,
+                     rows: Optional[torch.Tensor] = None) -> SelectionRecall:
+    """How much of full attention a selection keeps: for query rows, ``sum over allowed keys of p(key)`` where
+    ``p`` is the softmax of the full (``causal``, else unmasked) attention row, in float32.
+
+    Rows: ``rows`` if given, else ``sample`` rows spread evenly (default: every row when ``Lq x Lk <= 2**26``,
+    else 1024), so large shapes cost ``rows x Lk`` per head, never ``Lq x Lk``. Heads map to the layout's as
+    in attention (GQA). 1.0 means the selection loses nothing of the full row."""
+    from ._checks import check_qkv
+    B, Hq, Hkv, Lq, Lk, D = check_qkv(q, k, k)
+    if not isinstance(layout, BlockLayout):
+        raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
+    if (layout.q_len, layout.kv_len) != (Lq, Lk) or layout.B not in (1, B) or layout.H not in (1, Hkv, Hq):
+        raise ValueError(f"layout (B={layout.B}, H={layout.H}, q_len={layout.q_len}, kv_len={layout.kv_len}) does "
+                         f"not fit q {tuple(q.shape)} and k {tuple(k.shape)}")
+    scale = check_scale(scale, D)
+    rows = _recall_rows(Lq, Lk, sample, q.device) if rows is None else torch.as_tensor(rows, device=q.device).long()
+    allowed = layout.dense_rows(rows)  # [LB, LH, R, Lk]
+    q_abs = rows + max(Lk - Lq, 0)
+    out = torch.empty(B, Hq, rows.numel(), device=q.device, dtype=torch.float32)
+    for hq in range(Hq):  # one head at a time: memory B x R x Lk
+        s = (q[:, hq, rows].float() @ k[:, hq // (Hq // Hkv)].float().transpose(-1, -2)) * scale  # [B, R, Lk]
+        if causal:
+            s = s.masked_fill(torch.arange(Lk, device=q.device)[None, :] > q_abs[:, None], float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        lh = hq if layout.H == Hq else (hq // (Hq // Hkv) if layout.H == Hkv else 0)
+        out[:, hq] = (p * allowed[:, lh]).sum(-1)
+    return SelectionRecall(out, rows)

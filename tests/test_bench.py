@@ -514,3 +514,37 @@ def test_layout_suite_measures_flex_eager_and_compiled(cpu_stand_ins):
     bf = BenchFile.from_json({"suite": "layout", **ENV, "results": [r.to_json() for r in records]})
     row = layout_build_table(bf).rows[0]
     assert row[:2] == ["causal", 256] and all(c not in ("not measured", "failed") for c in row[2:])
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_routing_suite_on_cpu(cpu_stand_ins, tmp_path):
+    from sparseattn.bench import routing as R
+    for name, value in (("HQ", 2), ("HKV", 2), ("REUSE_HKV", 1), ("D", 16), ("DTYPE", torch.float32),
+                        ("BLOCK", 16), ("TOPK", 1), ("TOPKS", [1, 2]), ("MAIN_N", 64), ("RECALL_ROWS", 16),
+                        ("DRIFTS", [0.5])):
+        cpu_stand_ins.setattr(R, name, value)
+    cpu_stand_ins.setattr(R, "_compile", lambda fn: fn)
+    records, table, cols = R.run(_args(n="64", out=str(tmp_path)))
+    partial = load_path(tmp_path / "routing-partial-cpu.json")  # the checkpoint a stopped run leaves
+    assert [r.to_json() for r in partial.records] == [r.to_json() for r in records]
+    bf = _check_run(R, records, table, cols, *((impl, p) for impl in (Impl.OURS, Impl.FLEX)
+                                               for p in (Pass.ROUTE, Pass.INDEX, Pass.FWD, Pass.STEP, Pass.FWD_BWD,
+                                                         Pass.TRAIN_STEP)),
+                    (Impl.OURS, Pass.STEP_GRAPH), (Impl.OURS, Pass.TRAIN_STEP_GRAPH), (Impl.CUDNN, Pass.FWD),
+                    (Impl.OURS, Pass.TRANSPOSE))
+    # what chapter 8 reads: every term at the main shape, the N sweep, recall per top-k, reuse per share
+    main = dict(N=64, topk=1, share="kv_head", Hkv=2)
+    for impl, p in ((Impl.OURS, Pass.ROUTE), (Impl.OURS, Pass.INDEX), (Impl.OURS, Pass.FWD),
+                    (Impl.OURS, Pass.STEP_GRAPH), (Impl.OURS, Pass.TRAIN_STEP_GRAPH), (Impl.FLEX, Pass.ROUTE),
+                    (Impl.FLEX, Pass.INDEX), (Impl.FLEX, Pass.FWD), (Impl.FLEX, Pass.STEP)):
+        assert bf.ms(impl, p, **main) > 0, (impl, p)
+    route_main = bf.one(Impl.OURS, Pass.ROUTE, **main)
+    assert 0 < route_main.get("recall") <= 1 and set(route_main.get("recall_drifted")) == {"0.5"}
+    assert bf.one(Impl.OURS, Pass.STEP_GRAPH, **main).get("graph_equals_eager") is True
+    assert bf.one(Impl.OURS, Pass.TRAIN_STEP_GRAPH, **main).get("graph_equals_eager") is True
+    assert bf.distinct("N", impl=Impl.FLEX, pass_=Pass.STEP) == [64]
+    assert bf.ms(Impl.CUDNN, Pass.FWD, N=64, pattern="causal") > 0
+    assert [r.case["topk"] for r in bf.select(Impl.OURS, Pass.ROUTE, N=64, Hkv=2)] == [1, 2]
+    assert [r.case["share"] for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1)] == ["none", "kv_head", "all"]
+    assert [r.get("layout_heads") for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1)] == [2, 1, 1]

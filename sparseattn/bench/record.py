@@ -58,10 +58,16 @@ class Pass:
     SELECT_DECODE_GRAPH = "select+decode (CUDA graph)"  #: the same step replayed from one CUDA graph
     SWEEP = "sweep"  #: one decode tile/split config of a sweep
     READ = "read"  #: a streaming read of the K/V bytes
-    ROUTE = "route"  #: routing a prefill layout on the device (sparseattn.routing.route)
+    ROUTE = "route"  #: content routing: pooled scores and the top-k per query block (no index yet)
+    INDEX = "index"  #: the index a routed selection needs before attention (transposed lists; Flex's BlockMask)
+    STEP = "route+index+fwd"  #: a routed attention step, eager
+    STEP_GRAPH = "route+index+fwd (CUDA graph)"  #: the same step replayed from one CUDA graph
+    TRAIN_STEP = "route+index+fwd+bwd"  #: a routed training step (forward and backward), eager
+    TRAIN_STEP_GRAPH = "route+index+fwd+bwd (CUDA graph)"  #: the same training step from one CUDA graph
     #: every name above
     ALL = frozenset({FWD, BWD, FWD_BWD, LAYOUT, TRANSPOSE, DECODE, DECODE_DENSE, DECODE_BLOCK_MASK, DECODE_GRAPH,
-                     SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, READ, ROUTE})
+                     SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, READ, ROUTE, INDEX, STEP, STEP_GRAPH,
+                     TRAIN_STEP, TRAIN_STEP_GRAPH})
 
 
 _ROW_KEYS = ("case", "impl", "pass", "ms")

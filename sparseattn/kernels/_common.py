@@ -15,8 +15,9 @@ LN2 = tl.constexpr(0.6931471805599453)  # back to the natural-log LSE every op r
 
 @triton.jit
 def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
-              band_lo, band_hi, sink_n, sink_lo, sink_hi,
-              BLOCK_K: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr):
+              band_lo, band_hi, sink_n, sink_lo, sink_hi, RS, rs_off,
+              BLOCK_K: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
+              HAS_ROW_SLOT: tl.constexpr):
     """Allowed cells of one piece of a partial tile.
 
     Predicate path (absolute positions ``q_pos``, ``k_pos``)::
@@ -25,6 +26,10 @@ def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
 
     Bits path: bit ``k_col % 8`` of byte ``q_row * BLOCK_K/8 + k_col // 8`` of the tile's packed mask at
     ``BITS + bits_off`` (``q_row``/``k_col`` are positions inside the layout tile).
+
+    Member selections (``HAS_ROW_SLOT``, a routed layout with ``semantics="member"``) AND either path with the
+    query row's bit for this tile's slot, ``RS[rs_off]`` (``rs_off`` = row * W + slot, shaped like the rows
+    of the caller's orientation): the query block loads the tile, only the rows that chose it use it.
     """
     if USE_BITS:
         b_byte = tl.load(BITS + bits_off + q_row * (BLOCK_K // 8) + k_col // 8)
@@ -36,23 +41,45 @@ def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
             allowed = allowed | ((k_pos < sink_n) & (d >= sink_lo) & (d <= sink_hi))
         if HAS_DOC:
             allowed = allowed & (doc_q == doc_k)
+    if HAS_ROW_SLOT:
+        allowed = allowed & (tl.load(RS + rs_off) != 0)
     return allowed
 
 
 @triton.jit
 def row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, tile_id, BITS, DOC_ROW, Lk,
-                  band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                  band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows, slot,
                   BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                  USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr):
+                  USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
+                  HAS_ROW_SLOT: tl.constexpr):
     """:func:`tile_mask` in the row orientation of the forward and dQ passes: allowed ``[BM, BN]`` for query
-    rows ``offs_m_abs`` and keys ``offs_n`` of the partial tile stored at slot ``tile_id`` of the forward
-    table, keys past ``Lk`` cut."""
+    rows ``offs_m_abs`` and keys ``offs_n`` of the partial tile stored at ``slot`` of its row (``tile_id`` =
+    row * W + slot in the forward table), keys past ``Lk`` cut. ``rs_rows`` [BM]: the rows' offsets in the
+    member bits (:func:`row_slot_rows`)."""
     doc_k = doc_ids(DOC_ROW, offs_n, HAS_DOC)  # [BN]
     col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
     allowed = tile_mask(offs_m_abs[:, None], offs_n[None, :], row_in_tile[:, None], col_in_tile[None, :],
                         BITS, tile_id * (BLOCK_Q * BLOCK_K // 8), doc_q[:, None], doc_k[None, :],
-                        band_lo, band_hi, sink_n, sink_lo, sink_hi, BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)
+                        band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, (rs_rows + slot)[:, None],
+                        BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT)
     return allowed & (offs_n < Lk)[None, :]
+
+
+@triton.jit
+def row_slot_base(ROW_SLOT, lb, lh, LH, Lq, W, HAS_ROW_SLOT: tl.constexpr):
+    """The member bits ``[Lq, W]`` of layout head ``(lb, lh)`` (uint8 ``[LB, LH, Lq, W]``: query row x slot of
+    the row's partial list); the pointer itself when the layout has none."""
+    base = ROW_SLOT
+    if HAS_ROW_SLOT:
+        base = ROW_SLOT + (lb * LH + lh).to(tl.int64) * Lq * W
+    return base
+
+
+@triton.jit
+def row_slot_rows(offs_m, Lq, W):
+    """Offsets of query rows ``offs_m`` in the member bits: ``row * W``, rows past ``Lq`` clamped to the last
+    row (they are never stored and their P is zero), so the load needs no mask."""
+    return tl.minimum(offs_m, Lq - 1) * W
 
 
 @triton.jit

@@ -18,17 +18,19 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import doc_ids, doc_row, load_lse_base2, row_tile_mask, tile_mask
+from ._common import (doc_ids, doc_row, load_lse_base2, row_slot_base, row_slot_rows, row_tile_mask,
+                      tile_mask)
 
 
 @triton.jit
 def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_qm, stride_dom, stride_dqm, COL_INDEX, SLOTS, col, col_width, lo, hi,
                 offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
-                Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                 HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
-                HAS_DOC: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
     """Accumulate dK, dV ``[BN, D]`` of one key sub-tile over the query tiles at positions ``[lo, hi)`` of its
     column list ``COL_INDEX[col]``. Tiles are handled transposed (``[BN keys, BM queries]``) so dK and dV
     come out of the dots without a transpose."""
@@ -46,10 +48,11 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
             row_in_tile = (m_start % BLOCK_Q) + tl.arange(0, BLOCK_M)  # [BM]
             col_in_tile = (n_start % BLOCK_K) + tl.arange(0, BLOCK_N)  # [BN]
             doc_q = doc_ids(DOC_ROW, offs_m_abs, HAS_DOC)  # [BM]
+            rs_off = row_slot_rows(offs_m, Lq, W) + slot  # [BM] member bits of these rows for this tile
             allowed = tile_mask(offs_m_abs[None, :], offs_n[:, None], row_in_tile[None, :], col_in_tile[:, None],
                                 BITS, bits_off, doc_q[None, :], doc_k[:, None],
-                                band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC)  # [BN, BM]
+                                band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_off[None, :],
+                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT)  # [BN, BM]
             allowed = allowed & n_ok[:, None]
         m_ok = offs_m < Lq
         b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
@@ -76,6 +79,7 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
     "USE_BITS": lambda a: a["BITS"] is not None,
     "HAS_DOC": lambda a: a["DOC"] is not None,
     "HAS_SINKS": lambda a: a["sink_n"] > 0,
+    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
     "ATOMIC_DQ": lambda a: a["DQ_ACC"] is not None,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
 })
@@ -86,13 +90,13 @@ def dkdv_kernel(
     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
     stride_dqb, stride_dqh, stride_dqm,
-    Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, BITS, DOC, stride_doc_b,
+    Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, BITS, DOC, stride_doc_b, ROW_SLOT,
     Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W,
     Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
     band_lo, band_hi, sink_n, sink_lo, sink_hi,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
+    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # ---- work item: key sub-tile, which chunk of its column, where the result goes --------------------------
@@ -134,20 +138,21 @@ def dkdv_kernel(
         lse_base = LSE + (b * Hq + hq).to(tl.int64) * Lq
         delta_base = DELTA + (b * Hq + hq).to(tl.int64) * Lq
         row_base = (lb * LH + lh) * n_qtiles
+        RS_ROW = row_slot_base(ROW_SLOT, lb, lh, LH, Lq, W, HAS_ROW_SLOT)  # member bits of this layout head
         b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, Q_INDEX, Q_SLOT, col, WT,
                                  tl.minimum(lo, n_partial), tl.minimum(hi, n_partial),
                                  offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
-                                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, True, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, ATOMIC_DQ, DOT_PRECISION)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION)
         b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, FULL_Q_INDEX, Q_SLOT, col, FWT,
                                  tl.maximum(lo, n_partial) - n_partial, tl.maximum(hi, n_partial) - n_partial,
                                  offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
-                                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, False, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, ATOMIC_DQ, DOT_PRECISION)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION)
 
     b_dk = b_dk * scale
     if ws_slot < 0:
@@ -165,10 +170,10 @@ def dkdv_kernel(
 @triton.jit
 def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, COUNT, INDEX, row, width,
               offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
-              band_lo, band_hi, sink_n, sink_lo, sink_hi,
+              band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              HAS_ROW_SLOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dQ ``[BM, D]`` over the key tiles listed in ``INDEX[row, :COUNT[row]]``."""
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
     offs_d = tl.arange(0, HEAD_DIM)
@@ -183,8 +188,9 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
         b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
         if MASKED:  # the mask first: its loads overlap the dot below
             allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
-                                    BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                                    BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
+                                    BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+                                    slot, BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC,
+                                    HAS_ROW_SLOT)  # [BM, BN]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN]
         b_p = tl.math.exp2(b_s * scale_log2 - b_lse[:, None])
         if MASKED:
@@ -201,6 +207,7 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
     "USE_BITS": lambda a: a["BITS"] is not None,
     "HAS_DOC": lambda a: a["DOC"] is not None,
     "HAS_SINKS": lambda a: a["sink_n"] > 0,
+    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
 })
 @triton.jit
@@ -209,12 +216,13 @@ def dq_kernel(
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
-    KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b,
+    KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT,
     Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale, scale_log2,
     band_lo, band_hi, sink_n, sink_lo, sink_hi,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -242,15 +250,19 @@ def dq_kernel(
     b_dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     DOC_ROW = doc_row(DOC, b, stride_doc_b, HAS_DOC)
     doc_q = doc_ids(DOC_ROW, offs_m_abs, HAS_DOC)  # [BM]
+    RS_ROW = row_slot_base(ROW_SLOT, lb, lh, LH, Lq, W, HAS_ROW_SLOT)  # member bits of this layout head
+    rs_rows = row_slot_rows(offs_m, Lq, W)  # [BM]
 
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, KV_COUNT, KV_INDEX,
                      row, W, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
-                     band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                     HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, DOT_PRECISION)
+                     band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+                     HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
+                     DOT_PRECISION)
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, FULL_COUNT, FULL_INDEX,
                      row, FW, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
-                     band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                     HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, DOT_PRECISION)
+                     band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+                     HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
+                     DOT_PRECISION)
 
     dq_base = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
     tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty),

@@ -10,16 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import doc_ids, doc_row, finalize, load_rows, online_softmax_step, row_tile_mask
+from ._common import (doc_ids, doc_row, finalize, load_rows, online_softmax_step, row_slot_base, row_slot_rows,
+                      row_tile_mask)
 
 
 @triton.jit
 def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
                COUNT, INDEX, row, width, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
-               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
-               HAS_DOC: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
+               HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
                DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr):
     """Fold the key tiles listed in ``INDEX[row, :COUNT[row]]`` into (acc, m, l). ``MASKED``: partial tiles,
     token mask applied; otherwise full tiles, where only the key-length edge can cut a row."""
@@ -36,8 +37,9 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN] raw scores
         if MASKED:
             allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
-                                    BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                                    BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC)  # [BM, BN]
+                                    BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+                                    slot, BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC,
+                                    HAS_ROW_SLOT)  # [BM, BN]
             b_s = tl.where(allowed, b_s * scale_log2, float("-inf"))
             m_i, l_i, acc = online_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
         else:
@@ -57,6 +59,7 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
     "USE_BITS": lambda a: a["BITS"] is not None,
     "HAS_DOC": lambda a: a["DOC"] is not None,
     "HAS_SINKS": lambda a: a["sink_n"] > 0,
+    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
     "USE_TMA": lambda a: a["desc_q"] is not None,
     "EVEN_K": lambda a: a["Lk"] % a["BLOCK_K"] == 0,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
@@ -66,12 +69,12 @@ def sparse_fwd_kernel(
     Q, K, V, O, LSE, desc_q, desc_k, desc_v,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-    KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, ROW_ORDER, BITS, DOC, stride_doc_b,
+    KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, ROW_ORDER, BITS, DOC, stride_doc_b, ROW_SLOT,
     Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale_log2,
     band_lo, band_hi, sink_n, sink_lo, sink_hi,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
-    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
+    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # ---- which rows this program owns -----------------------------------------------------------------
@@ -99,6 +102,8 @@ def sparse_fwd_kernel(
     b_q = load_rows(desc_q, q_base, m_start, stride_qm, b, hq, Lq, BLOCK_M, HEAD_DIM, USE_TMA, True)  # [BM, D]
     DOC_ROW = doc_row(DOC, b, stride_doc_b, HAS_DOC)  # this batch row's document-id table
     doc_q = doc_ids(DOC_ROW, offs_m_abs, HAS_DOC)  # [BM]
+    RS_ROW = row_slot_base(ROW_SLOT, lb, lh, LH, Lq, W, HAS_ROW_SLOT)  # member bits of this layout head
+    rs_rows = row_slot_rows(offs_m, Lq, W)  # [BM]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -107,14 +112,14 @@ def sparse_fwd_kernel(
     # ---- partial tiles (token mask), then full tiles (no mask work) --------------------------------------
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
                                KV_COUNT, KV_INDEX, row, W, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
-                               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                                BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, True, USE_BITS, HAS_SINKS, HAS_DOC,
-                               EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
+                               HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
                                FULL_COUNT, FULL_INDEX, row, FW, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
-                               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
+                               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                                BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, False, USE_BITS, HAS_SINKS, HAS_DOC,
-                               EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
+                               HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
 
     # ---- one normalisation; empty rows give O = 0 and LSE = -inf -------------------------------------------
     b_o, b_lse = finalize(m_i, l_i, acc)

@@ -55,11 +55,15 @@ def num_sms(device: torch.device) -> int:
 
 # ---- mask path: in-register predicate or per-tile bits ------------------------------------------------------
 def mask_path(layout: BlockLayout):
-    """``(predicate, bits)``: exactly one is used by the kernels for partial tiles (cached on the layout)."""
+    """``(predicate, bits)``: exactly one is used by the kernels for partial tiles (cached on the layout). A
+    dynamic layout's path is fixed by construction (its predicate, else its own tile_bits): nothing is read
+    from its contents, which may change."""
     def build():
         pred = None if layout.tile_bits is not None and layout.mask_mod is None else kernel_predicate(layout.mask_mod)
         bits = None
-        if pred is None and bool((layout.kv_count > 0).any()):
+        if pred is None and layout.dynamic:
+            bits = layout.tile_bits
+        elif pred is None and bool((layout.kv_count > 0).any()):
             bits = layout.partial_tile_bits()
         return pred, bits
     return layout.plan("mask_path", build)
@@ -96,15 +100,17 @@ def _doc_table(pred: Optional[Predicate], layout: BlockLayout, B: int) -> Option
 
 def mask_kwargs(layout: BlockLayout, B: int) -> dict:
     """The keyword arguments every prefill kernel takes to mask partial tiles: ``BITS`` (None on the
-    predicate path), ``DOC`` (None without documents) and the predicate's band/sink scalars. The kernels'
-    ``@triton.heuristics`` derive their flags from these (``BITS is not None``, ``sink_n > 0``, ...)."""
+    predicate path), ``DOC`` (None without documents), the predicate's band/sink scalars and ``ROW_SLOT`` (the
+    member bits of a routed layout, else None). The kernels' ``@triton.heuristics`` derive their flags from
+    these (``BITS is not None``, ``sink_n > 0``, ...)."""
     pred, bits = mask_path(layout)
     doc = _doc_table(pred, layout, B)
     band = pred.band if pred is not None else (0, -1)
     sink_n = pred.sink_n if pred is not None and pred.has_sinks else 0
     sink_lo, sink_hi = pred.sink_band if sink_n else (0, -1)
     return dict(BITS=bits, DOC=doc, stride_doc_b=doc.stride(0) if doc is not None and doc.dim() == 2 else 0,
-                band_lo=band[0], band_hi=band[1], sink_n=sink_n, sink_lo=sink_lo, sink_hi=sink_hi)
+                band_lo=band[0], band_hi=band[1], sink_n=sink_n, sink_lo=sink_lo, sink_hi=sink_hi,
+                ROW_SLOT=layout.row_slot)
 
 
 def head_kwargs(layout: BlockLayout, Hq: int, Hkv: int) -> dict:
@@ -114,13 +120,16 @@ def head_kwargs(layout: BlockLayout, Hq: int, Hkv: int) -> dict:
 
 
 def row_order(layout: BlockLayout, block_m: int) -> torch.Tensor:
-    """Kernel query sub-tiles sorted by their row's tile count, longest first (cached per layout)."""
+    """Kernel query sub-tiles sorted by their row's tile count, longest first (cached per layout; rebuilt on
+    the device at every call for a dynamic layout, whose counts may change: a few launches, no host sync)."""
     def build():
         work = (layout.kv_count + layout.full_count).sum(dim=(0, 1))  # [nq]
         sub = layout.block_q // block_m
         n_m = math.ceil(layout.q_len / block_m)
         per_m = work.repeat_interleave(sub)[:n_m]
         return torch.argsort(per_m, descending=True, stable=True).to(torch.int32)
+    if layout.dynamic:
+        return build()
     return layout.plan(("row_order", block_m), build)
 
 

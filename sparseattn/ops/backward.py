@@ -29,7 +29,12 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) 
     """The dK/dV work plan, cached per layout. A column is cut into chunks of at most ``chunk`` listed query
     tiles so that a column every row visits (a sink) does not become the tail of the launch (``None``: twice
     the mean column length, at least 8). Items are ordered longest first. Items of split columns get a
-    workspace slot; their partial dK/dV are summed in a fixed order afterwards (deterministic)."""
+    workspace slot; their partial dK/dV are summed in a fixed order afterwards (deterministic).
+
+    A dynamic layout gets :func:`dynamic_column_work` instead, rebuilt at every call (``chunk`` is ignored)."""
+    if layout.dynamic:
+        return dynamic_column_work(layout, block_n)
+
     def build() -> ColumnWork:
         dev = layout.device
         t = layout.transposed_lists()
@@ -65,6 +70,22 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) 
         split_pos = torch.nonzero(rows < layout.kv_len).flatten()
         return ColumnWork(work, n_ws, split_subs, slots, size, rows[split_pos], split_pos)
     return layout.plan(("column_work", block_n, chunk), build)
+
+
+def dynamic_column_work(layout: BlockLayout, block_n: int) -> ColumnWork:
+    """The dK/dV plan of a dynamic layout, built on the device without a host sync: one item per key sub-tile
+    (no column splitting: how many chunks a column needs depends on its contents, which a captured graph
+    cannot know), ordered by column length, longest first. The chunk is ``nq``, longer than any column."""
+    dev = layout.device
+    t = layout.transposed_lists()
+    totals = (t.q_count + t.full_q_count).amax(dim=(0, 1))  # [nk]
+    sub = layout.block_k // block_n
+    n_sub = math.ceil(layout.kv_len / block_n)
+    order = torch.argsort(totals.repeat_interleave(sub)[:n_sub], descending=True, stable=True)
+    work = torch.stack([order, torch.zeros_like(order), torch.full_like(order, -1)], 1).to(torch.int32)
+    none = torch.zeros(0, dtype=torch.long, device=dev)
+    return ColumnWork(work.contiguous(), 0, none, torch.zeros(0, 1, dtype=torch.long, device=dev), layout.nq,
+                      none, none)
 
 
 def bwd_config(q: torch.Tensor, layout: BlockLayout) -> BwdConfig:

@@ -19,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 import sparseattn._runtime as runtime  # noqa: E402
 
 runtime._BACKEND = "cuda"  # define the kernels as compiled JIT functions, not interpreted ones
-from sparseattn.kernels import decode, prefill_bwd, prefill_fwd, select  # noqa: E402
+from sparseattn.kernels import decode, prefill_bwd, prefill_fwd, route, select, transpose  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 I32, BF16, F32, U8 = "*i32", "*bf16", "*fp32", "*u8"
@@ -52,10 +52,12 @@ def compile_variant(kernel, ptrs: dict, floats=(), consts=None) -> str:
 
 
 def variants():
-    mask_kinds = {"predicate+sinks": dict(sink_n=64, BITS=None, DOC=None), "bits": dict(sink_n=0, DOC=None),
-                  "documents": dict(sink_n=0, BITS=None)}
+    # "member": a routed layout's row x slot bits on the causal predicate path (ROW_SLOT given)
+    mask_kinds = {"predicate+sinks": dict(sink_n=64, BITS=None, DOC=None, ROW_SLOT=None),
+                  "bits": dict(sink_n=0, DOC=None, ROW_SLOT=None), "documents": dict(sink_n=0, BITS=None, ROW_SLOT=None),
+                  "member": dict(sink_n=0, BITS=None, DOC=None)}
     for kind, mask in mask_kinds.items():
-        extra = {k: v for k, v in (("BITS", U8), ("DOC", I32)) if k not in mask}
+        extra = {k: v for k, v in (("BITS", U8), ("DOC", I32), ("ROW_SLOT", U8)) if k not in mask}
         fwd = dict(Q=BF16, K=BF16, V=BF16, O=BF16, LSE=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32,
                    FULL_INDEX=I32, ROW_ORDER=I32, **extra)
         for d in (64, 128):
@@ -88,8 +90,35 @@ def variants():
             PAGE_SIZE=16, BLOCK_P=block_p, P_max=1000 if block_p == 512 else 8000)
 
 
+def routing_variants():
+    """The routing kernels (pool, block scores, top-k select, member bits) and the fused transpose."""
+    for block, d in ((128, 128),):
+        for bound in (False, True):
+            ptrs = dict(Q=BF16, K=BF16, Q_MEAN=F32, K_MEAN=F32, **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
+            yield route.pool_kernel, ptrs, (), dict(HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, SUB=32,
+                                                    **({} if bound else {"K_MIN": None, "K_MAX": None}))
+            ptrs = dict(Q_MEAN=F32, K_MEAN=F32, S=F32, **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
+            yield route.block_scores_kernel, ptrs, ("scale",), dict(
+                HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, BLOCK_R=16, BLOCK_C=64, CAUSAL=not bound,
+                **({} if bound else {"K_MIN": None, "K_MAX": None}))
+    lists = dict(S=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32, FULL_INDEX=I32)
+    for block_nk, member, threshold in ((256, False, False), (256, True, True), (8192, False, True)):
+        yield route.select_kernel, lists, ("threshold",) if threshold else (), dict(
+            BLOCK_Q=128, BLOCK_K=128, BLOCK_NK=block_nk, ROWS=1, CAUSAL=True, MEMBER=member,
+            **({} if threshold else {"threshold": None}))
+    for bound in (False, True):
+        ptrs = dict(Q=BF16, K_MEAN=F32, KV_COUNT=I32, KV_INDEX=I32, ROW_SLOT=U8,
+                    **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
+        yield route.member_kernel, ptrs, (), dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, W_PAD=32,
+                                                 CAUSAL=True, **({} if bound else {"K_MIN": None, "K_MAX": None}))
+    ptrs = dict(COUNT=I32, INDEX=I32, FULL_COUNT=I32, FULL_INDEX=I32, OUT_COUNT=I32, OUT_INDEX=I32, OUT_SLOT=I32,
+                OUT_FULL_COUNT=I32, OUT_FULL_INDEX=I32)
+    for w_pow2, zero_pad in ((32, False), (2048, True)):
+        yield transpose.transpose_kernel, ptrs, (), dict(ROWS=32, COLS=32, W_POW2=w_pow2, ZERO_PAD=zero_pad)
+
+
 def main() -> int:
-    lines = [compile_variant(k, p, f, c) for k, p, f, c in variants()]
+    lines = [compile_variant(k, p, f, c) for k, p, f, c in (*variants(), *routing_variants())]
     print("\n".join(lines))
     return int(any(line.startswith("FAIL") for line in lines))
 

@@ -1,0 +1,416 @@
+"""Suite ``routing``: content routing plus block-sparse attention, against the pipeline a FlexAttention user
+would write, in the same run.
+
+The step (bf16, B=1, 16 heads, D=128, 128-token blocks, top-16 + 1 local + 1 sink blocks per query block,
+one selection per KV head): **route** (pooled scores and the top-k, :func:`sparseattn.routing.select_blocks`),
+**index** (the dynamic layout and its transposed lists), **attention forward** (and forward + backward),
+each timed alone, then the whole step eager and replayed from one CUDA graph (forward, and forward +
+backward). The baseline: compiled pooling + scores + ``torch.topk``, then ``BlockMask.from_kv_blocks``, then
+compiled ``flex_attention`` (and its backward), same inputs, same selection rule (the diagonal block partial
+with a causal mask_mod, the other chosen blocks full).
+
+Sweeps: N = 4k ... 128k at top-16 (how the overhead share of route + index moves with N, and dense causal
+attention on cuDNN beside it: where selecting stops paying), and top-k at
+N = 32k with the recall of each selection (:func:`sparseattn.selection_recall` on sampled rows). Reuse:
+one selection per query head, per KV head (GQA group of 4) and for all heads (route time, recall), and the
+recall of a stale selection routed on inputs that drifted (what reusing across layers or steps costs).
+
+Inputs are synthetic and stated as such: keys and queries lie around 64 shared topic directions, one topic
+per 128-token block, with unit noise, so attention concentrates on a few blocks (random Gaussian inputs would
+make every selection look equally poor). Speed does not depend on them; recall does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+
+from .. import patterns as P
+from ..ops import routed_attention, sparse_attention
+from ..routing import route, select_blocks, selection_recall
+from . import _common as C
+from .record import Impl, Pass, Record
+
+NAME = "routing"
+DEFAULT_N = "4096,8192,16384,32768,65536,131072"
+CONFIG_KIND = None  # no config sweep
+HQ, HKV, D, DTYPE, BLOCK = 16, 16, 128, torch.bfloat16, 128
+TOPK, LOCAL, SINKS, SHARE = 16, 1, 1, "kv_head"
+MAIN_N = 32768  # the issue's shape: every term, both passes, graphs, the sync check
+TOPKS = [4, 8, 16, 32, 64]
+REUSE_HKV = 4  # GQA: 16 query heads on 4 KV heads for the head-sharing rows
+DRIFTS = [0.1, 0.3, 0.5]  # stale selections: routed on inputs with this share of fresh noise mixed in
+RECALL_ROWS = 512  # sampled query rows per recall
+TOPICS, CONTRAST = 64, 5.5  # synthetic inputs: topic directions, logit gap of a matching key
+COLUMNS = ["N", "topk", "route", "index", "transpose", "fwd", "step", "step_graph", "overhead", "flex_route",
+           "flex_index", "flex_fwd", "flex_step", "flex_step_graph", "speedup", "eager_speedup", "train_graph",
+           "flex_train",
+           "train_speedup", "cudnn_causal", "recall"]
+
+
+def routing_inputs(B: int, Hq: int, Hkv: int, N: int, D: int, dtype, device, seed: int = 0,
+                   block: Optional[int] = None):
+    """Synthetic q, k, v ``[B, H, N, D]``: every ``block`` keys (queries) share one of ``TOPICS`` directions per
+    KV head (a query head uses its KV head's directions), scaled so that a matching query-key pair scores
+    ``CONTRAST`` above an unrelated one after the ``1/sqrt(D)`` scale, plus unit Gaussian noise."""
+    block = BLOCK if block is None else block
+    g = torch.Generator(device="cpu").manual_seed(seed)  # the small tables: topic directions and choices
+    noise = torch.Generator(device=device).manual_seed(seed)  # the large ones, drawn where they live
+    nb = math.ceil(N / block)
+    topic = torch.randn(Hkv, TOPICS, D, generator=g)
+    topic = topic / topic.norm(dim=-1, keepdim=True) * math.sqrt(CONTRAST * math.sqrt(D))
+    k_topic = torch.randint(TOPICS, (B, Hkv, nb), generator=g)
+    q_topic = torch.randint(TOPICS, (B, Hq, nb), generator=g)
+    topic, k_topic, q_topic = topic.to(device), k_topic.to(device), q_topic.to(device)
+    heads = torch.arange(Hkv, device=device).view(1, Hkv, 1)
+    q_heads = (torch.arange(Hq, device=device) // (Hq // Hkv)).view(1, Hq, 1)
+    k_dir = topic[heads, k_topic].repeat_interleave(block, 2)[:, :, :N]  # [B, Hkv, N, D]
+    q_dir = topic[q_heads, q_topic].repeat_interleave(block, 2)[:, :, :N]
+    k = (k_dir + torch.randn(B, Hkv, N, D, generator=noise, device=device)).to(dtype)
+    q = (q_dir + torch.randn(B, Hq, N, D, generator=noise, device=device)).to(dtype)
+    v = torch.randn(B, Hkv, N, D, generator=noise, device=device).to(dtype)
+    return q, k, v
+
+
+def _compile(fn: Callable) -> Callable:
+    """``torch.compile`` of a baseline function (a test replaces it with the identity on the CPU)."""
+    return torch.compile(fn, dynamic=False)
+
+
+class FlexPipeline:
+    """What a FlexAttention user writes for the same step: compiled pooling, block scores and ``torch.topk``
+    (forced sink and local blocks by +inf), ``BlockMask.from_kv_blocks`` (the diagonal block partial with a
+    causal mask_mod, the other chosen blocks full), compiled ``flex_attention``."""
+
+    def __init__(self, q, k, v, topk: int, local: int, sinks: int, block: int):
+        B, Hq, N, Dh = q.shape
+        Hkv = k.shape[1]
+        G, n = Hq // Hkv, N // block
+        self.q, self.k, self.v, self.N, self.block, self.G = q, k, v, N, block, G
+        width = min(n, topk + local + sinks - 1)  # full tiles: every chosen block but the diagonal
+        scale = 1.0 / math.sqrt(Dh)
+
+        def select(q, k):
+            qp = q.view(B, Hkv, G, n, block, Dh).float().mean(4)  # [B, Hkv, G, n, D]
+            kp = k.view(B, Hkv, n, block, Dh).float().mean(3)  # [B, Hkv, n, D]
+            s = torch.einsum("bhgid,bhjd->bhgij", qp, kp).amax(2) * scale  # [B, Hkv, n, n]
+            i = torch.arange(n, device=q.device)[:, None]
+            j = torch.arange(n, device=q.device)[None, :]
+            forced = (j < sinks) | ((j > i - local) & (j < i))
+            s = torch.where(forced, torch.full_like(s, float("inf")), s).masked_fill(j >= i, float("-inf"))
+            vals, idx = torch.topk(s, width, dim=-1)
+            full_num = (vals > float("-inf")).sum(-1, dtype=torch.int32)
+            full_idx = torch.nn.functional.pad(idx.to(torch.int32), (0, n - width))  # from_kv_blocks wants n
+            kv_num = torch.ones(B, Hkv, n, dtype=torch.int32, device=q.device)
+            kv_idx = torch.nn.functional.pad(i.expand(B, Hkv, n, 1).to(torch.int32), (0, n - 1))
+            if G > 1:  # the block mask is per query head
+                kv_num, kv_idx, full_num, full_idx = (t.repeat_interleave(G, 1) for t in
+                                                      (kv_num, kv_idx, full_num, full_idx))
+            return kv_num, kv_idx, full_num, full_idx
+        self.select = _compile(select)
+        self.flex = C.compiled_flex()
+        self.causal = P.causal()
+
+    def route(self):
+        return self.select(self.q, self.k)
+
+    def index(self, lists):
+        from torch.nn.attention.flex_attention import BlockMask
+        return BlockMask.from_kv_blocks(*lists, BLOCK_SIZE=self.block, mask_mod=self.causal,
+                                        seq_lengths=(self.N, self.N))
+
+    def attend(self, block_mask, q=None, k=None, v=None):
+        kw = {"enable_gqa": True} if self.G > 1 else {}
+        return self.flex(self.q if q is None else q, self.k if k is None else k, self.v if v is None else v,
+                         block_mask=block_mask, **kw)
+
+    def step(self, q=None, k=None, v=None):
+        return self.attend(self.index(self.route()), q, k, v)
+
+
+def _timed(fn: Callable, what: str, errors: dict) -> Optional[float]:
+    """``C.time_gpu(fn)``, or None with the reason in ``errors[what]`` if it fails (one failed baseline must not
+    end a 10-minute run)."""
+    try:
+        return C.time_gpu(fn)
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        errors[what] = f"{type(e).__name__}: {str(e)[:300]}"
+        C.note(f"{what} failed: {errors[what]}")
+        C.empty_cache()
+        return None
+
+
+def _graph(fn: Callable, what: str, errors: dict):
+    """``(graph, output of the captured call)`` or ``(None, None)`` with the reason in ``errors``."""
+    out = []
+    try:
+        graph = C.graph_step(lambda: out.append(fn()))
+        return graph, out[-1]
+    except Exception as e:  # noqa: BLE001
+        errors[what] = f"{type(e).__name__}: {str(e)[:300]}"
+        C.note(f"capturing {what} failed: {errors[what]}")
+        return None, None
+
+
+def sync_free(fn: Callable) -> Optional[bool]:
+    """Whether ``fn`` runs without a host synchronisation (``torch.cuda.set_sync_debug_mode("error")``), None
+    off CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    fn()  # compile and allocate first: only the steady state counts
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return True
+    except RuntimeError:
+        return False
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+
+
+def _record(records, case, impl, pass_, ms, errors, key, **extra):
+    if ms is None:
+        extra["error"] = errors.get(key, "not measured")
+    records.append(Record(case, impl, pass_, ms, extra))
+
+
+def _fmt(x, digits=3):
+    return "" if x is None else round(x, digits)
+
+
+def _case(args, N: int, topk: int, full: bool, records: list) -> dict:
+    """One (N, topk): our terms and step, Flex's; with ``full`` (the main shape), both passes, the training
+    graph, the sync check and the recall of drifted selections too."""
+    dev = args.device
+    q, k, v = routing_inputs(1, HQ, HKV, N, D, DTYPE, dev)
+    case = {"pattern": "routed", "N": N, "B": 1, "Hq": HQ, "Hkv": HKV, "D": D, "dtype": "bf16", "block": BLOCK,
+            "topk": topk, "local": LOCAL, "sinks": SINKS, "share": SHARE, "semantics": "block"}
+    kw = dict(block_q=BLOCK, block_k=BLOCK, topk=topk, local=LOCAL, sinks=SINKS, share=SHARE)
+    errors, row = {}, {"N": N, "topk": topk}
+    sel = select_blocks(q, k, **kw)
+    layout = sel.to_layout()
+    tiles = int(layout.kv_count.sum() + layout.full_count.sum())  # physical tiles per KV head set
+    ms_route = _timed(lambda: select_blocks(q, k, **kw), "route", errors)
+    ms_index = _timed(sel.to_layout, "index", errors)
+    ms_fwd = _timed(lambda: sparse_attention(q, k, v, layout), "fwd", errors)
+    ms_step = _timed(lambda: sparse_attention(q, k, v, route(q, k, **kw)), "step", errors)
+    graph, o_graph = _graph(lambda: sparse_attention(q, k, v, route(q, k, **kw)), "step graph", errors)
+    ms_graph = _timed(graph.replay, "step graph", errors) if graph is not None else None
+    rec = selection_recall(q, k, layout, sample=RECALL_ROWS)
+    route_extra = {"recall": rec.mean(), "tiles": tiles, "recall_rows": rec.rows.numel()}
+    if full:  # what a stale selection costs: routed on drifted inputs, measured on the current ones
+        drift = {}
+        for d in DRIFTS:
+            g = torch.Generator(device=dev).manual_seed(1)
+            mix = [(math.sqrt(1 - d * d) * t.float() + d * torch.randn(t.shape, generator=g, device=dev)).to(DTYPE)
+                   for t in (q, k)]
+            drift[str(d)] = selection_recall(q, k, route(*mix, **kw), sample=RECALL_ROWS).mean()
+        route_extra["recall_drifted"] = drift
+    _record(records, case, Impl.OURS, Pass.ROUTE, ms_route, errors, "route", **route_extra)
+    _record(records, case, Impl.OURS, Pass.INDEX, ms_index, errors, "index")
+    if full:  # the fused transpose alone (the issue's target: <= 0.2 ms at N = 32k)
+        ms_t = _timed(lambda: layout.transpose_fixed(layout.nq), "transpose", errors)
+        _record(records, case, Impl.OURS, Pass.TRANSPOSE, ms_t, errors, "transpose")
+        row["transpose"] = _fmt(ms_t, 4)
+    _record(records, case, Impl.OURS, Pass.FWD, ms_fwd, errors, "fwd",
+            tflops=tiles * HQ // layout.H * 4.0 * BLOCK * BLOCK * D / ms_fwd / 1e9 if ms_fwd else None)
+    step_extra = {}
+    if full:
+        step_extra["sync_free"] = sync_free(lambda: sparse_attention(q, k, v, route(q, k, **kw)))
+    _record(records, case, Impl.OURS, Pass.STEP, ms_step, errors, "step", **step_extra)
+    graph_extra = {}
+    if o_graph is not None:
+        graph.replay()
+        graph_extra["graph_equals_eager"] = bool(torch.equal(o_graph, sparse_attention(q, k, v, route(q, k, **kw))))
+    _record(records, case, Impl.OURS, Pass.STEP_GRAPH, ms_graph, errors, "step graph", **graph_extra)
+    row.update(route=_fmt(ms_route, 4), index=_fmt(ms_index, 4), fwd=_fmt(ms_fwd), step=_fmt(ms_step),
+               step_graph=_fmt(ms_graph), recall=round(rec.mean(), 3))
+    if ms_route and ms_index and ms_graph:
+        row["overhead"] = f"{(ms_route + ms_index) / ms_graph:.0%}"
+
+    if full:
+        _train(q, k, v, kw, layout, case, records, errors, row)
+    if not args.no_flex:
+        _flex(q, k, v, topk, full, case, records, errors, row, o_graph)
+        # where routing pays: dense causal attention on the same inputs (cuDNN), the cost without selecting
+        ms_dense = _timed(C.sdpa_fn(q, k, v, Impl.CUDNN, causal=True), "cudnn causal", errors)
+        _record(records, {**case, "pattern": "causal"}, Impl.CUDNN, Pass.FWD, ms_dense, errors, "cudnn causal")
+        row["cudnn_causal"] = _fmt(ms_dense)
+    if row.get("flex_step") and ms_graph:
+        row["speedup"] = round(row["flex_step"] / ms_graph, 2)  # Flex eager against our step in one graph
+    if row.get("flex_step") and ms_step:
+        row["eager_speedup"] = round(row["flex_step"] / ms_step, 2)  # both eager
+    if row.get("flex_train") and row.get("train_graph"):
+        row["train_speedup"] = round(row["flex_train"] / row["train_graph"], 2)
+    return row
+
+
+def _train(q, k, v, kw, layout, case, records, errors, row) -> None:
+    """Forward + backward: the attention alone on a fixed layout, the whole routed step eager and from one
+    CUDA graph."""
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+    ms_fb = _timed(lambda: torch.autograd.grad(sparse_attention(qg, kg, vg, layout), (qg, kg, vg), do), "fwd+bwd",
+                   errors)
+
+    def train_step():
+        return torch.autograd.grad(routed_attention(qg, kg, vg, **kw), (qg, kg, vg), do)
+    ms_train = _timed(train_step, "train step", errors)
+    extra = {"sync_free": sync_free(train_step)}
+    graph, grads = _graph(train_step, "train graph", errors)
+    ms_train_graph = _timed(graph.replay, "train graph", errors) if graph is not None else None
+    graph_extra = {}
+    if grads is not None:
+        graph.replay()
+        graph_extra["graph_equals_eager"] = all(bool(torch.equal(a, b)) for a, b in zip(grads, train_step()))
+    _record(records, case, Impl.OURS, Pass.FWD_BWD, ms_fb, errors, "fwd+bwd")
+    _record(records, case, Impl.OURS, Pass.TRAIN_STEP, ms_train, errors, "train step", **extra)
+    _record(records, case, Impl.OURS, Pass.TRAIN_STEP_GRAPH, ms_train_graph, errors, "train graph", **graph_extra)
+    row["train_graph"] = _fmt(ms_train_graph)
+
+
+def _flex(q, k, v, topk, full, case, records, errors, row, o_ours) -> None:
+    """The FlexAttention pipeline on the same inputs: each term, the step eager and (if it captures) in a CUDA
+    graph; with ``full`` its forward + backward too."""
+    try:
+        flex = FlexPipeline(q, k, v, topk, LOCAL, SINKS, BLOCK)
+        lists = flex.route()
+        bm = flex.index(lists)
+        o_flex = flex.attend(bm)
+    except Exception as e:  # noqa: BLE001 - a baseline that cannot run is recorded, not fatal
+        errors["flex"] = f"{type(e).__name__}: {str(e)[:300]}"
+        C.note(f"flex pipeline failed: {errors['flex']}")
+        for pass_ in (Pass.ROUTE, Pass.INDEX, Pass.FWD, Pass.STEP):
+            _record(records, case, Impl.FLEX, pass_, None, errors, "flex")
+        return
+    ms_route = _timed(flex.route, "flex route", errors)
+    ms_index = _timed(lambda: flex.index(lists), "flex index", errors)
+    ms_fwd = _timed(lambda: flex.attend(bm), "flex fwd", errors)
+    ms_step = _timed(flex.step, "flex step", errors)
+    extra = {}
+    if o_ours is not None:
+        extra["rel_err_vs_ours"] = C.rel_err(o_flex, o_ours)  # near 0 when both chose the same blocks
+    _record(records, case, Impl.FLEX, Pass.ROUTE, ms_route, errors, "flex route")
+    _record(records, case, Impl.FLEX, Pass.INDEX, ms_index, errors, "flex index")
+    _record(records, case, Impl.FLEX, Pass.FWD, ms_fwd, errors, "flex fwd", **extra)
+    _record(records, case, Impl.FLEX, Pass.STEP, ms_step, errors, "flex step")
+    row.update(flex_route=_fmt(ms_route, 4), flex_index=_fmt(ms_index, 4), flex_fwd=_fmt(ms_fwd),
+               flex_step=_fmt(ms_step))
+    if full:
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        do = torch.randn_like(q)
+        ms_fb = _timed(lambda: torch.autograd.grad(flex.attend(bm, qg, kg, vg), (qg, kg, vg), do), "flex fwd+bwd",
+                       errors)
+        ms_train = _timed(lambda: torch.autograd.grad(flex.step(qg, kg, vg), (qg, kg, vg), do), "flex train step",
+                          errors)
+        _record(records, case, Impl.FLEX, Pass.FWD_BWD, ms_fb, errors, "flex fwd+bwd")
+        _record(records, case, Impl.FLEX, Pass.TRAIN_STEP, ms_train, errors, "flex train step")
+        row["flex_train"] = _fmt(ms_train)
+
+
+def _flex_graph(args, N: int, records: list, table: list) -> None:
+    """The Flex pipeline's step captured in one CUDA graph, if it captures: measured last, because a failed
+    capture may leave the CUDA context unusable for what follows."""
+    q, k, v = routing_inputs(1, HQ, HKV, N, D, DTYPE, args.device)
+    case = {"pattern": "routed", "N": N, "B": 1, "Hq": HQ, "Hkv": HKV, "D": D, "dtype": "bf16", "block": BLOCK,
+            "topk": TOPK, "local": LOCAL, "sinks": SINKS, "share": SHARE, "semantics": "block"}
+    errors = {}
+    try:
+        flex = FlexPipeline(q, k, v, TOPK, LOCAL, SINKS, BLOCK)
+        flex.step()
+    except Exception as e:  # noqa: BLE001
+        errors["flex step graph"] = f"{type(e).__name__}: {str(e)[:300]}"
+        ms = None
+    else:
+        graph, _ = _graph(flex.step, "flex step graph", errors)
+        ms = _timed(graph.replay, "flex step graph", errors) if graph is not None else None
+    _record(records, case, Impl.FLEX, Pass.STEP_GRAPH, ms, errors, "flex step graph")
+    for row in table:
+        if row["N"] == N and row["topk"] == TOPK:
+            row["flex_step_graph"] = _fmt(ms)
+
+
+def _reuse(args, records: list, table: list) -> None:
+    """One selection per query head, per KV head, for all heads (GQA, 4 query heads per KV head): what routing
+    costs and what the shared selection keeps of the full attention."""
+    dev = args.device
+    q, k, v = routing_inputs(1, HQ, REUSE_HKV, MAIN_N, D, DTYPE, dev, seed=2)
+    for share in ("none", "kv_head", "all"):
+        errors = {}
+        kw = dict(block_q=BLOCK, block_k=BLOCK, topk=TOPK, local=LOCAL, sinks=SINKS, share=share)
+        case = {"pattern": "routed", "N": MAIN_N, "B": 1, "Hq": HQ, "Hkv": REUSE_HKV, "D": D, "dtype": "bf16",
+                "block": BLOCK, "topk": TOPK, "local": LOCAL, "sinks": SINKS, "share": share, "semantics": "block"}
+        layout = route(q, k, **kw)
+        ms_route = _timed(lambda: select_blocks(q, k, **kw), "route", errors)
+        ms_graph = None
+        graph, _ = _graph(lambda: sparse_attention(q, k, v, route(q, k, **kw)), "step graph", errors)
+        if graph is not None:
+            ms_graph = _timed(graph.replay, "step graph", errors)
+        recall = selection_recall(q, k, layout, sample=RECALL_ROWS).mean()
+        _record(records, case, Impl.OURS, Pass.ROUTE, ms_route, errors, "route", recall=recall,
+                layout_heads=layout.H)
+        _record(records, case, Impl.OURS, Pass.STEP_GRAPH, ms_graph, errors, "step graph")
+        table.append({"N": MAIN_N, "topk": f"{TOPK} share={share}", "route": _fmt(ms_route, 4),
+                      "step_graph": _fmt(ms_graph), "recall": round(recall, 3)})
+
+
+def _checkpoint(args, records) -> None:
+    """Write what is measured so far to ``routing-partial-<gpu>.json`` in ``--out``: if the run is stopped at
+    its time limit, the main shape (measured first) is not lost."""
+    out = getattr(args, "out", None)
+    if out and records:
+        C.write_json(NAME, records, out, C.environment(), variant="partial")
+
+
+def run(args) -> tuple:
+    """Measure the main shape first (every term, both passes, graphs, Flex), then the top-k sweep and the reuse
+    rows at that N, then the other lengths; return (records, table rows, table columns)."""
+    Ns = [int(x) for x in args.n.split(",")]
+    main = MAIN_N if MAIN_N in Ns else Ns[len(Ns) // 2]
+    records, table = [], []
+    with C.progress(len(Ns) + len(TOPKS) - (TOPK in TOPKS) + 1 + (not args.no_flex), NAME) as bar:
+        bar.set_postfix_str(f"N={main} topk={TOPK} (every term)")
+        table.append(_case(args, main, TOPK, full=True, records=records))
+        bar.update()
+        _checkpoint(args, records)
+        for topk in TOPKS:
+            if topk == TOPK:
+                continue
+            bar.set_postfix_str(f"N={main} topk={topk}")
+            table.append(_case(argparse_no_flex(args), main, topk, full=False, records=records))
+            bar.update()
+            C.empty_cache()
+        bar.set_postfix_str("reuse across heads")
+        _reuse(args, records, table)
+        bar.update()
+        _checkpoint(args, records)
+        for N in Ns:
+            if N == main:
+                continue
+            bar.set_postfix_str(f"N={N} topk={TOPK}")
+            table.append(_case(args, N, TOPK, full=False, records=records))
+            bar.update()
+            _checkpoint(args, records)
+            C.empty_cache()
+        if not args.no_flex:
+            bar.set_postfix_str(f"N={main}: the Flex step in a CUDA graph")
+            _flex_graph(args, main, records, table)
+            bar.update()
+            _checkpoint(args, records)
+    # the table, last on the console: the N sweep, then the top-k sweep, then the reuse rows
+    def order(r):
+        return (0, r["N"], 0) if r["topk"] == TOPK else (1, 0, r["topk"]) if isinstance(r["topk"], int) else (2, 0, 0)
+    table.sort(key=order)
+    return records, table, COLUMNS
+
+
+def argparse_no_flex(args):
+    """``args`` with the Flex baseline off (the top-k sweep measures ours and recall: a compiled Flex pipeline
+    per top-k would not fit the run's ten minutes)."""
+    import copy
+    out = copy.copy(args)
+    out.no_flex = True
+    return out

@@ -1,0 +1,303 @@
+"""Content routing on the device: pooled blocks, block scores, a top-k per query block, and per-row member bits.
+
+``pool_kernel``: one program per (block, batch * head) of Q or of K (one launch for both): the mean of the
+block's rows and, for keys with ``pool="bound"``, their element-wise min and max (Quest's bound). Reads each
+of Q and K once; everything after works on ``D`` numbers per block.
+
+``block_scores_kernel``: one program per (``BLOCK_R`` query blocks, batch * layout head): pooled Q against
+every pooled K block by ``tl.dot`` (fp32, ieee), the max over the query heads that share the selection, the
+softmax scale, and -inf for blocks the query block cannot see (causal, or past the keys).
+
+``select_kernel``: one program per (``ROWS`` query blocks, batch * layout head). The forced blocks (the first
+``sinks``, the ``local`` blocks ending at the diagonal) are kept; of the other visible blocks it keeps the top
+``k`` by score, ``k = min(topk, capacity - forced, visible)`` and, with a threshold, no more than the
+smallest number whose softmax mass (with the forced blocks') reaches it. The k-th score is found by
+bisection on the float's bits (as ``select_pages`` does); blocks above it are kept, ties at it go to the lower
+block index. The chosen blocks are written ascending by a running prefix sum, split into partial tiles (they
+cross the causal diagonal) and full tiles; no sort, no host sync, fixed widths.
+
+``member_kernel``: one program per (``BLOCK_M`` query rows, batch * layout head). Each row scores its query
+block's selected blocks against their pooled keys (the max over the shared heads), keeps the forced ones and
+its own ``member_topk`` best of the rest (ties: lower block), and writes one byte per (row, slot).
+"""
+import triton
+import triton.language as tl
+
+from ._common import LOG2E
+
+
+@triton.jit
+def _pool_rows(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
+               BLOCK: tl.constexpr, SUB: tl.constexpr, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr):
+    b = bh // H
+    h = bh % H
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    b_sum = tl.zeros([HEAD_DIM], tl.float32)
+    b_min = tl.full([HEAD_DIM], float("inf"), tl.float32)
+    b_max = tl.full([HEAD_DIM], float("-inf"), tl.float32)
+    for r0 in range(0, BLOCK, SUB):
+        offs = blk * BLOCK + r0 + tl.arange(0, SUB)  # [SUB]
+        ok = offs < L
+        b_x = tl.load(base + offs[:, None].to(tl.int64) * stride_l + offs_d[None, :], mask=ok[:, None],
+                      other=0.0).to(tl.float32)  # [SUB, D]
+        b_sum += tl.sum(b_x, 0)
+        if BOUND:
+            b_min = tl.minimum(b_min, tl.min(tl.where(ok[:, None], b_x, float("inf")), 0))
+            b_max = tl.maximum(b_max, tl.max(tl.where(ok[:, None], b_x, float("-inf")), 0))
+    n = tl.minimum(L - blk * BLOCK, BLOCK)  # rows of the block inside the sequence (the last one is clipped)
+    out = (bh.to(tl.int64) * n_blocks + blk) * HEAD_DIM + offs_d
+    tl.store(OUT_MEAN + out, b_sum / n.to(tl.float32))
+    if BOUND:
+        tl.store(OUT_MIN + out, b_min)
+        tl.store(OUT_MAX + out, b_max)
+
+
+@triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None})
+@triton.jit
+def pool_kernel(
+    Q, K, Q_MEAN, K_MEAN, K_MIN, K_MAX,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    Hq, Hkv, Lq, Lk, nq, nk, BQ_PROGRAMS,
+    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
+    BOUND: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    if bh < BQ_PROGRAMS:  # the first B * Hq programs pool query blocks, the rest key blocks
+        if blk < nq:
+            _pool_rows(Q, Q_MEAN, Q_MEAN, Q_MEAN, blk, bh, Lq, nq, stride_qb, stride_qh, stride_qm, Hq,
+                       BLOCK_Q, SUB, HEAD_DIM, False)
+    else:
+        if blk < nk:
+            _pool_rows(K, K_MEAN, K_MIN, K_MAX, blk, bh - BQ_PROGRAMS, Lk, nk, stride_kb, stride_kh, stride_kn,
+                       Hkv, BLOCK_K, SUB, HEAD_DIM, BOUND)
+
+
+@triton.jit
+def _pooled_scores(b_qp, K_MEAN, K_MIN, K_MAX, k_rows, k_ok, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr):
+    """Scores ``[R, C]`` of pooled queries ``b_qp [R, D]`` (fp32) against the pooled key blocks at ``k_rows``
+    ([C] row offsets into the pooled-key tables): the mean's dot product, or Quest's upper bound
+    ``relu(q) . max + min(q, 0) . min``."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    ptr = k_rows[:, None] * HEAD_DIM + offs_d[None, :]  # [C, D]
+    if BOUND:
+        b_kmax = tl.load(K_MAX + ptr, mask=k_ok[:, None], other=0.0)
+        b_kmin = tl.load(K_MIN + ptr, mask=k_ok[:, None], other=0.0)
+        b_s = tl.dot(tl.maximum(b_qp, 0.0), tl.trans(b_kmax), input_precision="ieee")
+        b_s = tl.dot(tl.minimum(b_qp, 0.0), tl.trans(b_kmin), b_s, input_precision="ieee")
+    else:
+        b_kp = tl.load(K_MEAN + ptr, mask=k_ok[:, None], other=0.0)
+        b_s = tl.dot(b_qp, tl.trans(b_kp), input_precision="ieee")
+    return b_s
+
+
+@triton.jit
+def forced_blocks(j, i, Lq, q_offset, nk, local, sinks, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Key blocks ``j`` that query block ``i`` always keeps (when it can see them): the first ``sinks``, and
+    for every query row the ``local`` key blocks ending at the row's own block, i.e. blocks
+    ``jf - local + 1 .. jd`` with ``jf``/``jd`` the blocks of the query block's first/last position."""
+    q_first = i * BLOCK_Q + q_offset
+    q_last = tl.minimum((i + 1) * BLOCK_Q, Lq) - 1 + q_offset
+    jf = tl.minimum(q_first // BLOCK_K, nk - 1)
+    jd = tl.minimum(q_last // BLOCK_K, nk - 1)
+    lo = tl.where(local > 0, jf - local + 1, jd + 1)  # local = 0: no local blocks
+    return (j < sinks) | ((j >= lo) & (j <= jd))
+
+
+@triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None})
+@triton.jit
+def block_scores_kernel(
+    Q_MEAN, K_MEAN, K_MIN, K_MAX, S,
+    Hq, Hkv, group, LH, n_shared, nq, nk, Lq, Lk, q_offset, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAUSAL: tl.constexpr, BOUND: tl.constexpr,
+):
+    rb = tl.program_id(0)
+    blh = tl.program_id(1)
+    b = blh // LH
+    lh = blh % LH
+    offs_r = rb * BLOCK_R + tl.arange(0, BLOCK_R)  # [R] query blocks
+    r_ok = offs_r < nq
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_last = tl.minimum((offs_r + 1) * BLOCK_Q, Lq) - 1 + q_offset  # [R] last position of each query block
+    for c0 in range(0, nk, BLOCK_C):
+        offs_c = c0 + tl.arange(0, BLOCK_C)  # [C] key blocks
+        c_ok = offs_c < nk
+        b_s = tl.full([BLOCK_R, BLOCK_C], float("-inf"), tl.float32)
+        for g in range(0, n_shared):  # the query heads that share this selection: their max
+            hq = lh * n_shared + g
+            hkv = hq // group
+            q_rows = (b * Hq + hq).to(tl.int64) * nq + offs_r  # [R]
+            b_qp = tl.load(Q_MEAN + q_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=r_ok[:, None], other=0.0)
+            k_rows = (b * Hkv + hkv).to(tl.int64) * nk + offs_c  # [C]
+            b_s = tl.maximum(b_s, _pooled_scores(b_qp, K_MEAN, K_MIN, K_MAX, k_rows, c_ok, HEAD_DIM, BOUND))
+        visible = c_ok[None, :]
+        if CAUSAL:  # a key block is visible if its first key is not after the query block's last position
+            visible = visible & (offs_c[None, :] * BLOCK_K <= q_last[:, None])
+        b_s = tl.where(visible, b_s * scale, float("-inf"))  # [R, C]
+        out = (blh.to(tl.int64) * nq + offs_r[:, None]) * nk + offs_c[None, :]
+        tl.store(S + out, b_s, mask=r_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _sort_key(x):
+    # float32 -> int32 with the same order: flip the magnitude bits of negative floats
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _kth_key(b_key, pool, k):
+    """Per row of ``b_key [R, N]``: the largest sort key ``t`` with at least ``k [R]`` members of ``pool`` at
+    or above it (33 halvings of the int32 key range; ``k = 0`` gives the key of +inf, so nothing lies above
+    it). Returns ``[R, 1]``."""
+    R: tl.constexpr = b_key.shape[0]
+    b_pool = tl.where(pool, b_key, -2139095041).to(tl.int64)  # outside the pool: the key of -inf, never counted
+    lo = tl.full([R, 1], -2139095041 + 1, tl.int64)  # _sort_key(-inf) + 1: the smallest finite score's key
+    hi = tl.full([R, 1], 2139095040, tl.int64)  # _sort_key(+inf)
+    for _step in range(33):
+        mid = (lo + hi + 1) >> 1
+        ok = tl.sum((b_pool >= mid).to(tl.int32), 1, keep_dims=True) >= k[:, None]
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo.to(tl.int32)
+
+
+@triton.jit
+def _top_k(b_key, pool, k):
+    """Bool ``[R, N]``: the ``k [R]`` best members of ``pool`` per row; ties at the k-th key go to the lower
+    column."""
+    t = _kth_key(b_key, pool, k)
+    above = pool & (b_key > t)
+    ties = pool & (b_key == t)
+    tie_rank = tl.cumsum(ties.to(tl.int32), 1) - 1
+    return above | (ties & (tie_rank < (k - tl.sum(above.to(tl.int32), 1))[:, None]))
+
+
+@triton.jit
+def _mass_count(b_s, b_key, visible, forced, cand, n_cand, threshold):
+    """Per row: how many of the best candidates the threshold rule keeps. Walking them by score (ties: lower
+    block), a candidate is kept while the softmax mass of the pooled scores kept before it (forced blocks
+    included) is below ``threshold``."""
+    R: tl.constexpr = b_s.shape[0]
+    m = tl.max(tl.where(visible, b_s, float("-inf")), 1)
+    m = tl.where(m == float("-inf"), 0.0, m)  # a row that sees nothing (padding rows): no inf - inf
+    b_p = tl.where(visible, tl.math.exp2((b_s - m[:, None]) * LOG2E), 0.0)
+    total = tl.sum(b_p, 1)
+    b_p = b_p / tl.where(total > 0.0, total, 1.0)[:, None]
+    forced_mass = tl.sum(tl.where(forced, b_p, 0.0), 1)  # [R]
+    need = threshold - forced_mass
+    # the largest key t whose candidates at or above it carry at least `need`
+    lo = tl.full([R], -2139095041 + 1, tl.int64)
+    hi = tl.full([R], 2139095040, tl.int64)
+    for _step in range(33):
+        mid = lo + (hi - lo + 1) // 2
+        mass = tl.sum(tl.where(cand & (b_key >= mid.to(tl.int32)[:, None]), b_p, 0.0), 1)
+        ok = mass >= need
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    t = lo.to(tl.int32)[:, None]
+    above = cand & (b_key > t)
+    mass_above = tl.sum(tl.where(above, b_p, 0.0), 1)
+    ties = cand & (b_key == t)
+    p_tie = tl.max(tl.where(ties, b_p, 0.0), 1)  # equal scores have equal mass
+    tie_rank = tl.cumsum(ties.to(tl.int32), 1) - 1
+    before = (forced_mass + mass_above)[:, None] + tie_rank.to(tl.float32) * p_tie[:, None]
+    n = tl.sum(above.to(tl.int32), 1) + tl.sum((ties & (before < threshold)).to(tl.int32), 1)
+    reachable = forced_mass + tl.sum(tl.where(cand, b_p, 0.0), 1) >= threshold
+    n = tl.where(reachable, n, n_cand)  # rounding left the threshold out of reach: every candidate
+    return tl.where(need <= 0.0, 0, n)
+
+
+@triton.jit
+def _write_ascending(take, offs, OUT_INDEX, rows, width, r_ok):
+    """Store, per row, the column indices where ``take [R, N]`` holds at slots 0, 1, ... (ascending) of
+    ``OUT_INDEX[rows]``; return the counts ``[R]``."""
+    pos = tl.cumsum(take.to(tl.int32), 1) - 1
+    tl.store(OUT_INDEX + rows[:, None] * width + pos, tl.broadcast_to(offs[None, :], pos.shape),
+             mask=take & r_ok[:, None])
+    return tl.sum(take.to(tl.int32), 1)
+
+
+@triton.heuristics({"HAS_THRESHOLD": lambda a: a["threshold"] is not None})
+@triton.jit
+def select_kernel(
+    S, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
+    nq, nk, Lq, Lk, q_offset, topk, capacity, local, sinks, threshold, W, FW,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NK: tl.constexpr, ROWS: tl.constexpr,
+    CAUSAL: tl.constexpr, MEMBER: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+):
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R] query blocks
+    r_ok = i < nq
+    blh = tl.program_id(1)
+    rows = blh.to(tl.int64) * nq + i  # [R]
+    offs = tl.arange(0, BLOCK_NK)  # [NK] key blocks
+    b_s = tl.load(S + rows[:, None] * nk + offs[None, :], mask=r_ok[:, None] & (offs < nk)[None, :],
+                  other=float("-inf"))  # [R, NK]
+    visible = b_s > float("-inf")  # the scores kernel wrote -inf where the block cannot be seen
+    j = offs[None, :]
+    forced = visible & forced_blocks(j, i[:, None], Lq, q_offset, nk, local, sinks, BLOCK_Q, BLOCK_K)
+    cand = visible & (forced == 0)
+    n_cand = tl.sum(cand.to(tl.int32), 1)
+    k = tl.minimum(tl.minimum(topk, capacity - tl.sum(forced.to(tl.int32), 1)), n_cand)  # [R]
+    b_key = _sort_key(b_s)
+    if HAS_THRESHOLD:
+        k = tl.minimum(k, _mass_count(b_s, b_key, visible, forced, cand, n_cand, threshold))
+    take = forced | _top_k(b_key, cand, k)  # every candidate above the k-th score; ties in block order
+    if MEMBER:  # every tile is masked: the member bits decide per row
+        n_partial = _write_ascending(take, offs, KV_INDEX, rows, W, r_ok)
+        n_full = tl.zeros([ROWS], tl.int32)
+    else:
+        full = take
+        if CAUSAL:  # full: the block's last key (clipped) is not after the query block's first position
+            full = take & (tl.minimum((j + 1) * BLOCK_K, Lk) - 1 <= (i * BLOCK_Q + q_offset)[:, None])
+        n_partial = _write_ascending(take & (full == 0), offs, KV_INDEX, rows, W, r_ok)
+        n_full = _write_ascending(full, offs, FULL_INDEX, rows, FW, r_ok)
+    tl.store(KV_COUNT + rows, n_partial, mask=r_ok)
+    tl.store(FULL_COUNT + rows, n_full, mask=r_ok)
+
+
+@triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None})
+@triton.jit
+def member_kernel(
+    Q, K_MEAN, K_MIN, K_MAX, KV_COUNT, KV_INDEX, ROW_SLOT,
+    stride_qb, stride_qh, stride_qm,
+    Hq, Hkv, group, LH, n_shared, nq, nk, Lq, q_offset, local, sinks, member_topk, W,
+    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    W_PAD: tl.constexpr, CAUSAL: tl.constexpr, BOUND: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    blh = tl.program_id(1)
+    b = blh // LH
+    lh = blh % LH
+    m_start = pid * BLOCK_M  # BLOCK_M divides BLOCK_Q: the rows share one query block
+    i = m_start // BLOCK_Q
+    row = blh.to(tl.int64) * nq + i
+    offs_m = m_start + tl.arange(0, BLOCK_M)  # [BM] local query rows
+    m_ok = offs_m < Lq
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_w = tl.arange(0, W_PAD)  # [WP] slots of the query block's selection
+    n_sel = tl.load(KV_COUNT + row)
+    listed = offs_w < n_sel
+    b_blk = tl.load(KV_INDEX + row * W + offs_w, mask=listed, other=0)  # [WP] selected key blocks
+    # per-row scores against the selected blocks' pooled keys, max over the heads sharing the selection
+    b_s = tl.full([BLOCK_M, W_PAD], float("-inf"), tl.float32)
+    for g in range(0, n_shared):
+        hq = lh * n_shared + g
+        hkv = hq // group
+        q_base = Q + b.to(tl.int64) * stride_qb + hq.to(tl.int64) * stride_qh
+        b_q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :], mask=m_ok[:, None],
+                      other=0.0).to(tl.float32)  # [BM, D]
+        k_rows = (b * Hkv + hkv).to(tl.int64) * nk + b_blk  # [WP]
+        b_s = tl.maximum(b_s, _pooled_scores(b_q, K_MEAN, K_MIN, K_MAX, k_rows, listed, HEAD_DIM, BOUND))
+    usable = listed[None, :] & m_ok[:, None]  # [BM, WP]
+    if CAUSAL:  # a row cannot use a block that starts after it
+        usable = usable & (b_blk[None, :] * BLOCK_K <= offs_m[:, None] + q_offset)
+    forced = listed & forced_blocks(b_blk, i, Lq, q_offset, nk, local, sinks, BLOCK_Q, BLOCK_K)  # [WP]
+    cand = usable & (forced[None, :] == 0)  # [BM, WP]
+    k = tl.minimum(tl.sum(cand.to(tl.int32), 1), member_topk)  # [BM]
+    chosen = _top_k(_sort_key(b_s), cand, k)  # this row's best, ties to the lower slot (= lower block)
+    bits = (chosen | (forced[None, :] & m_ok[:, None])).to(tl.uint8)  # [BM, WP]
+    out = ((blh.to(tl.int64) * Lq + offs_m[:, None]) * W + offs_w[None, :])
+    tl.store(ROW_SLOT + out, bits, mask=m_ok[:, None] & (offs_w[None, :] < W))
