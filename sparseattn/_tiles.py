@@ -73,6 +73,34 @@ def longest_column(count: torch.Tensor, index: torch.Tensor, n_cols: int) -> int
     return max(int(torch.bincount(keys, minlength=1).max()), 1) if keys.numel() else 1
 
 
+def _transpose_one_torch(count: torch.Tensor, index: torch.Tensor, n_cols: int, width: int):
+    """One list transposed with torch ops (a stable sort of ``(bh, column)`` keys, O(nnz)): the path for CPU
+    tensors on a machine whose kernels run on the GPU (a CUDA launch cannot read them)."""
+    B, H, n_rows, W = index.shape
+    device = index.device
+    BH = B * H
+    valid = torch.arange(W, device=device).view(1, 1, 1, W) < count.unsqueeze(-1)  # [B, H, nr, W]
+    bh = torch.arange(BH, device=device, dtype=torch.int64).view(B, H, 1, 1)
+    n_keys = BH * n_cols
+    key = torch.where(valid, bh * n_cols + index.long(), torch.full_like(bh, n_keys)).flatten()
+    rows = torch.arange(n_rows, device=device, dtype=torch.int64).view(1, 1, n_rows, 1).expand(B, H, n_rows, W)
+    key_sorted, order = torch.sort(key, stable=True)  # entries were generated in row order: rows stay ascending
+    rows_sorted = rows.flatten()[order]
+    slots_sorted = order % W
+    col_count = torch.bincount(key, minlength=n_keys + 1)[:n_keys]  # [BH * n_cols]
+    start = torch.cumsum(col_count, 0) - col_count
+    in_range = key_sorted < n_keys
+    safe_key = torch.where(in_range, key_sorted, torch.zeros_like(key_sorted))
+    pos = torch.arange(key_sorted.numel(), device=device) - start[safe_key]
+    dest = torch.where(in_range & (pos < width), safe_key * width + pos, torch.full_like(pos, n_keys * width))
+    out = torch.zeros(n_keys * width + 1, dtype=torch.int64, device=device)  # the last element is a spill slot
+    out.scatter_(0, dest, rows_sorted)
+    slot_out = torch.zeros_like(out)
+    slot_out.scatter_(0, dest, slots_sorted)
+    as_lists = lambda t: t[:-1].view(B, H, n_cols, width).to(INDEX_DTYPE)  # noqa: E731
+    return col_count.view(B, H, n_cols).to(INDEX_DTYPE), as_lists(out), as_lists(slot_out)
+
+
 def transpose_lists(kv_count: torch.Tensor, kv_index: torch.Tensor, full_count: torch.Tensor,
                     full_index: torch.Tensor, n_cols: int, width: Optional[int] = None,
                     full_width: Optional[int] = None, zero_pad: bool = True):
@@ -84,7 +112,6 @@ def transpose_lists(kv_count: torch.Tensor, kv_index: torch.Tensor, full_count: 
     shapes. A width left None is the longest column of that list (at least 1; :func:`longest_column`, one
     host sync). ``zero_pad`` fills the unused tail of each column with 0."""
     from .kernels import BACKEND
-    from .kernels.transpose import transpose_kernel
     B, H, n_rows, W = kv_index.shape
     FW = full_index.shape[-1]
     device = kv_index.device
@@ -96,6 +123,11 @@ def transpose_lists(kv_count: torch.Tensor, kv_index: torch.Tensor, full_count: 
         width = longest_column(kv_count, kv_index, n_cols)
     if full_width is None:
         full_width = longest_column(full_count, full_index, n_cols)
+    if device.type == "cpu" and BACKEND == "cuda":  # kernels run on the GPU: a CPU layout transposes with torch
+        q_count, q_index, q_slot = _transpose_one_torch(kv_count, kv_index, n_cols, width)
+        full_q_count, full_q_index, _ = _transpose_one_torch(full_count, full_index, n_cols, full_width)
+        return q_count, q_index, q_slot, full_q_count, full_q_index
+    from .kernels.transpose import transpose_kernel
     q_count = torch.empty(B, H, n_cols, dtype=INDEX_DTYPE, device=device)
     full_q_count = torch.empty_like(q_count)
     q_index = torch.empty(B, H, n_cols, width, dtype=INDEX_DTYPE, device=device)
