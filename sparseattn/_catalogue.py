@@ -23,7 +23,8 @@ from .layout import BlockLayout
 from .ops import BwdConfig, DecodeConfig, FwdConfig, sparse_attention, sparse_decode
 from .paged import PagedKVCache, PageSelection
 from .reference import decode_reference, merge_states, reference_attention, select_pages_reference
-from .routing import page_bounds, select_pages
+from .ops import routed_attention
+from .routing import page_bounds, route, select_pages, selection_recall
 
 __all__ = ["BadInput", "Outcome", "catalogue", "run", "check", "gpu_present"]
 
@@ -258,6 +259,35 @@ def catalogue() -> List[BadInput]:
         lambda: select_pages_reference(_dq(), _cache(), -3))
     row("decode_reference", "seqs", "out of range", ValueError, r"seqs must be in",
         lambda: decode_reference(_dq(), _cache(), [7]))
+
+    # ---- route, routed_attention, selection_recall ---------------------------------------------------------
+    rt = "route"
+    q2, k2 = _qkv()[:2]
+    row(rt, "topk", "neither topk nor threshold", ValueError, r"give topk .*, threshold .*, or both",
+        lambda: route(q2, k2, 16, 16))
+    row(rt, "topk", "a float", TypeError, r"topk must be an int", lambda: route(q2, k2, 16, 16, topk=2.0))
+    row(rt, "threshold", "above 1", ValueError, r"threshold must be in \(0, 1\]",
+        lambda: route(q2, k2, 16, 16, threshold=1.5))
+    row(rt, "block_k", "not a power of two", ValueError, r"block_k must be a power of two >= 16, got 24",
+        lambda: route(q2, k2, 16, 24, topk=1))
+    row(rt, "share", "unknown", ValueError, r"share must be one of", lambda: route(q2, k2, 16, 16, topk=1,
+                                                                                  share="group"))
+    row(rt, "member_topk", "missing with semantics='member'", ValueError, r"semantics='member' needs member_topk",
+        lambda: route(q2, k2, 16, 16, topk=1, semantics="member"))
+    row(rt, "capacity", "below the forced blocks", ValueError, r"capacity \(1\) must hold the forced blocks",
+        lambda: route(q2, k2, 16, 16, topk=1, sinks=1, local=1, capacity=1))
+    row(rt, "q", "on the CPU while a GPU runs the kernels", ValueError, r"q \(and k\) is on the CPU",
+        lambda: _with_gpu(lambda: route(q2, k2, 16, 16, topk=1)))
+    row("routed_attention", "layout", "not a BlockLayout", TypeError, r"layout must be a BlockLayout or None",
+        lambda: routed_attention(*_qkv(), layout="causal"))
+    row("routed_attention", "topk", "neither topk nor threshold", ValueError, r"give topk",
+        lambda: routed_attention(*_qkv(), 16, 16))
+    row("selection_recall", "layout", "not a BlockLayout", TypeError, r"layout must be a BlockLayout",
+        lambda: selection_recall(q2, k2, "causal"))
+    row("selection_recall", "layout", "built for other lengths", ValueError, r"layout .* does not fit q",
+        lambda: selection_recall(q2, k2, _layout(48)))
+    row("selection_recall", "sample", "zero", ValueError, r"sample must be >= 1",
+        lambda: selection_recall(q2, k2, _layout(), sample=0))
 
     # ---- reference_attention and merge_states ---------------------------------------------------------------
     ra = "reference_attention"

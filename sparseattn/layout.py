@@ -553,14 +553,14 @@ class BlockLayout:
 
         def area(count, index):
             valid = torch.arange(index.shape[-1], device=dev) < count[..., None]
-            a = rows.view(1, 1, -1, 1) * cols[index.long()] * valid
+            a = rows.view(1, 1, -1, 1) * cols[index.long().where(valid, 0)] * valid  # padding is never read
             return int(a.sum())
 
         full_area = area(self.full_count, self.full_index)
         partial_area = area(self.kv_count, self.kv_index)
         # per query token: allowed keys from full tiles (cheap) plus allowed cells inside partial tiles
         valid_full = torch.arange(self.full_width, device=dev) < self.full_count[..., None]
-        full_keys = (cols[self.full_index.long()] * valid_full).sum(-1)  # [B, H, nq]
+        full_keys = (cols[self.full_index.long().where(valid_full, 0)] * valid_full).sum(-1)  # [B, H, nq]
         keys_per_row = full_keys.repeat_interleave(self.block_q, dim=-1)[..., : self.q_len].clone()
         partial_allowed = 0
         for b, h, qi, slot, cells in self._for_partial_chunks():

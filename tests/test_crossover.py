@@ -50,9 +50,12 @@ def test_suite_on_cpu_every_series_with_predictions(tiny):
                    (Impl.OURS, Pass.DECODE_GRAPH), (Impl.CUDNN, Pass.DECODE_DENSE),
                    (Impl.OURS, Pass.SELECT_DECODE_GRAPH)]:
         assert series in have, series
-    # every row of ours, Flex and cuDNN carries the model's prediction; naive and the selected step do not
+    # every row of ours, Flex and cuDNN carries the model's prediction; naive, the selected step and routing
+    # itself do not (the model takes the routing time as its input T_route, it does not predict it)
+    assert (Impl.OURS, Pass.ROUTE) in have and bf.select(Impl.OURS, Pass.FWD, family="routing")
     for r in records:
-        modelled = r.impl in (Impl.OURS, Impl.FLEX, Impl.CUDNN) and r.pass_ != Pass.SELECT_DECODE_GRAPH
+        modelled = r.impl in (Impl.OURS, Impl.FLEX, Impl.CUDNN) and r.pass_ not in (Pass.SELECT_DECODE_GRAPH,
+                                                                                    Pass.ROUTE)
         assert (r.get("predicted_ms") is not None) == modelled, (r.impl, r.pass_)
         assert r.ms is not None
     # ... and it is the model's number for that row's layout and shape
@@ -77,8 +80,8 @@ def test_suite_on_cpu_every_series_with_predictions(tiny):
     # the table: one line per family and pass (and keep length), decode per batch, and the summary last
     assert [(t["family"], t["pass"]) for t in table[:-1]] == [
         ("window2048", "fwd"), ("sinks64+window1024", "fwd"), ("block_random", "fwd"), ("documents", "fwd"),
-        ("window2048", "bwd"), ("sinks64+window1024", "bwd"), ("block_random", "bwd"), ("documents", "bwd"),
-        ("decode", "decode")]
+        ("routing", "fwd"), ("window2048", "bwd"), ("sinks64+window1024", "bwd"), ("block_random", "bwd"),
+        ("documents", "bwd"), ("routing", "bwd"), ("decode", "decode")]
     assert [X.part_of(r) for r in records][:3] == ["decode"] * 3  # decode runs first
     assert table[-1]["family"] == "all rows" and table[-1]["points"] == len(X.prediction_ratios(bf))
     assert all(set(t) <= set(cols) for t in table)

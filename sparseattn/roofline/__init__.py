@@ -78,7 +78,10 @@ Predicted / measured on the evaluation points::
     decode, eager (ours)                  16    0.98   0.63   1.30      62%
     decode (cuDNN)                         7    0.97   0.97   0.98     100%
     layout build + transpose              14    1.16   0.67   1.79      36%
-    all kernel models (no eager decode)   49    0.99   0.83   1.15      90%
+    crossover sweep: ours                 78    0.88   0.30   1.09      53%
+    crossover sweep: Flex, cuDNN          26    1.00   0.82   2.49      73%
+    all kernel models (no eager decode)  153    0.98   0.38   1.15      68%
+    crossover sweep (all)                104    0.96   0.32   1.14      58%
 
 Outside +-25%::
 
@@ -102,6 +105,12 @@ Outside +-25%::
     sparseattn transpose dilated4&causal N=131072         0.69
     sparseattn layout block_random10% N=131072            1.79
     sparseattn transpose block_random10% N=131072         1.35
+    sparseattn decode keep0.02 N=65536 B=4 ps=16 graph (crossover)  1.39
+    sparseattn decode keep0.02 N=16384 B=16 ps=16 graph (crossover)  1.28
+    cudnn fwd causal N=1024 (crossover)                   4.28
+    sparseattn fwd window2048 N=1024 (crossover)          0.23
+    cudnn fwd causal N=1536 (crossover)                   3.92
+    ... and 39 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
 
@@ -115,6 +124,12 @@ Why those fail:
   is over-predicted. A measured launch latency (``Ceilings.launch_us``) would pin it.
 * eager decode: the host issues each call in 66-176 us, varying from point to point within one run; a single
   host time per call cannot follow it (the graph replays of the same points are predicted).
+* the crossover sweep at the short end (N <= 8k): our eager forward measured 0.15-0.39 ms whatever its
+  tiles (block-random at 2k: 0.15 ms with 5% of the tiles kept, 0.28 ms with all of them), so the host work
+  of the call, not the kernel, set the time; the fixed cost per call fitted at N >= 4k (0.04 ms) under-predicts
+  it by 2-5x. cuDNN there measured 0.036-0.098 ms at 1k-3k against a fitted per-call floor of 0.153 ms
+  (over-predicted up to 4x). Both misses are the fixed costs, at the lengths where the crossover lies; at
+  16k every forward point of ours is predicted within 16%.
 * layout builds and transposes: 1-3 ms of host work that varies up to 2x between patterns and is not
   monotone in N (causal: 1.39 ms at 32k, 0.82 ms at 131k); only the cell-evaluation term of a mask_mod
   without a rule is predictable (the arbitrary mask: 27 ms at 32k, 410 ms at 131k, predicted within 1%).

@@ -232,9 +232,10 @@ def _clipped(length: int, n: int, block: int) -> torch.Tensor:
 
 
 def _row_sums(count: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """``sum(values[index[..., :count]])`` per row: ``[..., rows]``."""
+    """``sum(values[index[..., :count]])`` per row: ``[..., rows]``. Padding past ``count`` is never read as an
+    index: a layout leaves it unwritten (the fused transpose allocates with ``torch.empty``)."""
     valid = torch.arange(index.shape[-1]) < count[..., None]
-    return (values[index.long()] * valid).sum(-1)
+    return (values[index.long().where(valid, 0)] * valid).sum(-1)
 
 
 def _used_columns(layout: BlockLayout) -> torch.Tensor:
@@ -340,9 +341,10 @@ def _delta_op(s: Shape, Lq: int) -> TorchOpWork:
 
 
 def _prefix_rows(count, index, rows_of_tile):
-    """Prefix sums of clipped query rows along each column list: ``[..., W + 1]``."""
+    """Prefix sums of clipped query rows along each column list: ``[..., W + 1]`` (padding never read, as in
+    :func:`_row_sums`)."""
     valid = torch.arange(index.shape[-1]) < count[..., None]
-    vals = rows_of_tile[index.long()] * valid
+    vals = rows_of_tile[index.long().where(valid, 0)] * valid
     return torch.cat([torch.zeros(*vals.shape[:-1], 1, dtype=vals.dtype), vals.cumsum(-1)], -1)
 
 
