@@ -164,8 +164,8 @@ def test_crossover_figures(xo):
         assert list(ours.y) == pytest.approx([c / o for c, o in zip(e["cudnn_ms"], e["ours_ms"])])
         assert e["ours"] == crossing(e["grid"], e["ours_ms"], e["cudnn_ms"], e["variable"])
         assert e["ours_predicted"] == crossing(e["grid"], e["ours_predicted_ms"], e["cudnn_predicted_ms"], e["variable"])
-    table = V9.crossover_table_figure(xo)
-    assert len(table.data[0].cells.values[0]) == len(entries)
+    table = V9.crossover_table(xo)
+    assert len(table.rows) == len(entries) and table.column("family") == [e["pattern"] for e in entries]
     with pytest.raises(LookupError, match="no crossover data"):
         V9.crossover_figure(xo, "routing", "fwd")
 
@@ -178,7 +178,7 @@ def test_roofline_tails_profiles_and_explorer(xo):
     fig = V9.roofline_figure(pts)
     lo, hi = (10 ** x for x in fig.layout.xaxis.range)
     assert lo <= min(p["requested_intensity"] for p in pts) and hi >= max(p["intensity"] for p in pts)
-    assert len(V9.ceilings_table().data[0].cells.values[0]) == 4 + len(V9.recorded_ceilings().matmul_tflops)
+    assert len(V9.ceilings_table().rows) == 4 + len(V9.recorded_ceilings().matmul_tflops)
     tails = V9.tail_points("window", "fwd", grid=(1024, 4096, 16384), window=2048)
     assert [t["launch_share"] for t in tails] == sorted((t["launch_share"] for t in tails), reverse=True)
     V9.tail_figure(tails)

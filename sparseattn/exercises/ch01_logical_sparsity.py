@@ -7,7 +7,7 @@
   key tiles its row of the block table lists, and of no other tile (the loop of
   ``sparseattn.kernels.prefill_fwd._fwd_tiles``, without the attention). Checked in the Triton interpreter.
 
-A blank is a call of :func:`blank`; replace it with your code.
+A blank is a call of :func:`sparseattn.exercises.blank`; replace it with your code.
 """
 from __future__ import annotations
 
@@ -19,33 +19,10 @@ import triton.language as tl
 
 from .. import kernels  # noqa: F401  (chooses the Triton backend before the fragments below are defined)
 from ..layout import BlockLayout
+from . import Exercise, blank, interpreted, passed, run
 
-__all__ = ["blank", "tile_work_scaffold", "tile_work_solution", "check_tile_work", "visit_scaffold",
-           "visit_solution", "check_visit"]
-
-
-class Blank(NotImplementedError):
-    """Raised by a scaffold line that is still :func:`blank`."""
-
-
-def blank(hint: str = ""):
-    """The blank of a scaffold: replace this call with your code."""
-    raise Blank(f"fill in the blank: {hint}" if hint else "fill in the blank")
-
-
-def _run(what: str, call):
-    """Run ``call()``; a blank still in place or an error inside the candidate becomes an AssertionError."""
-    try:
-        return call()
-    except AssertionError:
-        raise
-    except Exception as e:  # the interpreter wraps errors raised inside a kernel
-        cause = e
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        if isinstance(cause, Blank) or "fill in the blank" in str(e):
-            raise AssertionError(f"{what}: a blank is still in place ({cause})") from None
-        raise AssertionError(f"{what}: the candidate raised {type(cause).__name__}: {cause}") from e
+__all__ = ["tile_work_scaffold", "tile_work_solution", "check_tile_work", "visit_scaffold", "visit_solution",
+           "check_visit", "EXERCISES"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -94,7 +71,7 @@ def check_tile_work(fn) -> None:
     ``BlockLayout.from_dense(...).stats()``; print what it found."""
     for name, mask in _masks().items():
         for block in (32, 64):
-            got = _run("tile_work", lambda: fn(mask, block))
+            got = run("tile_work", lambda: fn(mask, block))
             st = BlockLayout.from_dense(mask.view(1, 1, *mask.shape), block, block).stats()
             want = {"logical": st["logical_edges"], "physical": st["physical_edges"], "tiles": st["listed_tiles"]}
             for key in want:
@@ -103,8 +80,8 @@ def check_tile_work(fn) -> None:
                                          f"{want[key]} (BlockLayout.from_dense(...).stats())")
     mask = _masks()["window 40"]
     r = tile_work_solution(mask, 64)
-    print(f"tile_work: correct (window 40 at tiles 64: {r['tiles']} tiles, physical / logical = "
-          f"{r['physical'] / r['logical']:.2f})")
+    passed("tile_work", f"window 40 at tiles 64: {r['tiles']} tiles, physical / logical = "
+                        f"{r['physical'] / r['logical']:.2f}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -142,15 +119,6 @@ def visit_solution(K, COUNT, INDEX, OUT, width, Lk, BLOCK_K: tl.constexpr, D: tl
     tl.store(OUT + row * D + offs_d, acc)
 
 
-def _interpreted(fn):
-    """A ``@triton.jit`` (or plain) function as a Triton-interpreter function, whatever backend this process
-    chose: the checks run on CPU tensors on any machine."""
-    from triton.runtime.interpreter import InterpretedFunction
-    while hasattr(fn, "fn"):
-        fn = fn.fn
-    return InterpretedFunction(fn)
-
-
 def check_visit(fn) -> None:
     """Run the fragment on the block table of a 200-token sliding window (tiles of 32; the padding past each
     row's count names a real tile the row does not list) and compare each query tile's sum with the listed
@@ -170,7 +138,7 @@ def check_visit(fn) -> None:
         index[r, len(cols):] = int((~listed[r]).nonzero()[0])  # padding: a real tile this row does not list
     keys = torch.randn(L, D, generator=torch.Generator().manual_seed(0))
     out = torch.full((nq, D), float("nan"))
-    _run("visit", lambda: _interpreted(fn)[(nq,)](keys, count, index, out, width, L, BLOCK_K=block, D=D))
+    run("visit", lambda: interpreted(fn)[(nq,)](keys, count, index, out, width, L, BLOCK_K=block, D=D))
     tile_of_key = torch.arange(L) // block
     want = torch.stack([keys[listed[r][tile_of_key]].sum(0) for r in range(nq)])
     err = (out - want).abs()
@@ -179,4 +147,62 @@ def check_visit(fn) -> None:
         raise AssertionError(f"visit: query tile {bad} lists key tiles {listed[bad].nonzero().flatten().tolist()}; its "
                              f"sum is off by {float(torch.nan_to_num(err[bad], nan=float('inf')).max()):.3g} (did the "
                              f"loop read past COUNT, or the wrong row of INDEX?)")
-    print(f"visit: correct ({int(count.sum())} of {nq * nk} tiles visited)")
+    passed("visit", f"{int(count.sum())} of {nq * nk} tiles visited")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the mistakes people make (the tests show that each check rejects them)
+# ---------------------------------------------------------------------------------------------------------
+def _tile_work_full_tiles_only(mask: torch.Tensor, block: int) -> dict:
+    """Counts only the tiles whose every cell is allowed: the partial tiles on a pattern's edge are work too."""
+    L_q, L_k = mask.shape
+    nq, nk = math.ceil(L_q / block), math.ceil(L_k / block)
+    padded = torch.ones(nq * block, nk * block, dtype=torch.bool)
+    padded[:L_q, :L_k] = mask
+    listed = padded.view(nq, block, nk, block).all(dim=3).all(dim=1)
+    rows = torch.clamp(L_q - torch.arange(nq) * block, max=block)
+    cols = torch.clamp(L_k - torch.arange(nk) * block, max=block)
+    return {"logical": int(mask.sum()), "physical": int((listed * rows[:, None] * cols[None, :]).sum()),
+            "tiles": int(listed.sum())}
+
+
+def _tile_work_unclipped(mask: torch.Tensor, block: int) -> dict:
+    """Every listed tile counted as ``block x block`` cells, also past the end of the sequence."""
+    r = tile_work_solution(mask, block)
+    return {**r, "physical": r["tiles"] * block * block}
+
+
+def _visit_whole_row(K, COUNT, INDEX, OUT, width, Lk, BLOCK_K: tl.constexpr, D: tl.constexpr):
+    """Walks the whole row of INDEX, padding included: the padding names tiles the row does not list."""
+    row = tl.program_id(0)
+    offs_d = tl.arange(0, D)
+    acc = tl.zeros([D], tl.float32)
+    for slot in range(0, width):
+        kb = tl.load(INDEX + row * width + slot)
+        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        b_k = tl.load(K + offs_k[:, None] * D + offs_d[None, :], mask=(offs_k < Lk)[:, None], other=0.0)
+        acc += tl.sum(b_k, 0)
+    tl.store(OUT + row * D + offs_d, acc)
+
+
+def _visit_first_row(K, COUNT, INDEX, OUT, width, Lk, BLOCK_K: tl.constexpr, D: tl.constexpr):
+    """Reads entry ``slot`` of the first row for every program (forgets ``row * width``)."""
+    row = tl.program_id(0)
+    offs_d = tl.arange(0, D)
+    acc = tl.zeros([D], tl.float32)
+    n_tiles = tl.load(COUNT + row)
+    for slot in range(0, n_tiles):
+        kb = tl.load(INDEX + slot)
+        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        b_k = tl.load(K + offs_k[:, None] * D + offs_d[None, :], mask=(offs_k < Lk)[:, None], other=0.0)
+        acc += tl.sum(b_k, 0)
+    tl.store(OUT + row * D + offs_d, acc)
+
+
+EXERCISES = [
+    Exercise("tile_work", tile_work_scaffold, tile_work_solution, check_tile_work,
+             mistakes=(_tile_work_full_tiles_only, _tile_work_unclipped),
+             prompt="the tiles that hold at least one allowed cell"),
+    Exercise("visit", visit_scaffold, visit_solution, check_visit, mistakes=(_visit_whole_row, _visit_first_row),
+             prompt="the key tile of slot `slot` of this row of the block table"),
+]

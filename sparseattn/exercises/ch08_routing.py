@@ -1,10 +1,11 @@
 """Chapter 8 exercise: the top-k of a row of block scores, with the tie rule, as a Triton fragment.
 
-``route`` finds the k-th best score of a row by bisection on the float's bits (``_kth_key``); what remains is
-to keep the right blocks: every candidate above that score, and the candidates *equal* to it in block order
-until k are kept. :func:`top_k_scaffold` keeps only the first part; :data:`top_k_solution` is the package's
-own fragment (:func:`sparseattn.kernels.route._top_k`). :func:`check_top_k` runs a fragment on rows with and
-without ties and compares it with ``torch.sort``.
+``route`` finds the k-th best score of each row by bisection on the float's bits
+(:func:`sparseattn.kernels.route._kth_key`); what remains is to keep the right blocks: every candidate above
+that score, and the candidates *equal* to it in block order until k are kept. The fragment receives the k-th
+key ``t``; its solution is the body of the package's own :func:`sparseattn.kernels.route._top_k`.
+:func:`check_top_k` runs a fragment in the Triton interpreter on rows with and without ties and compares it
+with ``torch.sort`` (stable: the lower block first among equals).
 """
 from __future__ import annotations
 
@@ -13,31 +14,56 @@ import triton
 import triton.language as tl
 
 from ..kernels import route as K  # imported first: chooses the interpreter when there is no GPU
+from . import Exercise, blank, interpreted, passed, run
 
-__all__ = ["top_k_scaffold", "top_k_solution", "check_top_k"]
-
-
-@triton.jit
-def top_k_scaffold(b_key, pool, k):
-    """Per row of ``b_key [R, N]`` (sortable int32 keys of the scores): the ``k [R]`` best members of ``pool``
-    (bool ``[R, N]``); ties at the k-th key go to the lower column."""
-    t = K._kth_key(b_key, pool, k)  # [R, 1]: each row's k-th largest key among its pool
-    # ---- fill in: keep every member above t, and members equal to t in column order until k are kept ----
-    take = pool & (b_key > t)  # a start: when the k-th score is tied, this keeps fewer than k
-    # ------------------------------------------------------------------------------------------------------
-    return take
-
-
-#: the package's fragment, used by ``route`` and the member bits
-top_k_solution = K._top_k
+__all__ = ["top_k_scaffold", "top_k_solution", "check_top_k", "EXERCISES"]
 
 
 @triton.jit
-def _harness(S, TAKE, n, k, FN: tl.constexpr, BLOCK: tl.constexpr):
+def top_k_scaffold(b_key, pool, k, t):
+    """Bool ``[R, N]``: the ``k [R]`` best members of ``pool`` per row, given each row's k-th largest key
+    ``t [R, 1]`` (sortable int32 keys of the scores); ties at ``t`` go to the lower column."""
+    above = pool & (b_key > t)  # [R, N] kept whatever the ties: strictly better than the k-th
+    ties = blank("the members of the pool whose key equals t")  # [R, N]
+    tie_rank = blank("each tie's rank among its row's ties, 0 for the lowest column (a prefix sum)")
+    return above | (ties & (tie_rank < (k - tl.sum(above.to(tl.int32), 1))[:, None]))
+
+
+@triton.jit
+def top_k_solution(b_key, pool, k, t):
+    """Bool ``[R, N]``: the ``k [R]`` best members of ``pool`` per row, given each row's k-th largest key
+    ``t [R, 1]`` (sortable int32 keys of the scores); ties at ``t`` go to the lower column."""
+    above = pool & (b_key > t)  # [R, N] kept whatever the ties: strictly better than the k-th
+    ties = pool & (b_key == t)  # [R, N]
+    tie_rank = tl.cumsum(ties.to(tl.int32), 1) - 1  # [R, N] 0 for the first tie of the row
+    return above | (ties & (tie_rank < (k - tl.sum(above.to(tl.int32), 1))[:, None]))
+
+
+def _mistake_no_ties(b_key, pool, k, t):
+    """Keeps only the blocks strictly above the k-th score: with a tie at it, fewer than k are kept."""
+    return pool & (b_key > t)
+
+
+def _mistake_all_ties(b_key, pool, k, t):
+    """Keeps every block at or above the k-th score: with a tie at it, more than k are kept."""
+    return pool & (b_key >= t)
+
+
+def _mistake_last_ties(b_key, pool, k, t):
+    """Fills up with the ties of the *highest* columns: the count is right, the rule is not."""
+    above = pool & (b_key > t)
+    ties = pool & (b_key == t)
+    rank_from_end = tl.sum(ties.to(tl.int32), 1)[:, None] - tl.cumsum(ties.to(tl.int32), 1)
+    return above | (ties & (rank_from_end < (k - tl.sum(above.to(tl.int32), 1))[:, None]))
+
+
+def _harness(S, TAKE, n, k, FN, KTH, SORT_KEY, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     ok = offs < n
     b_s = tl.load(S + offs, mask=ok, other=float("-inf"))[None, :]  # [1, BLOCK]: one row
-    take = FN(K._sort_key(b_s), ok[None, :], tl.full([1], k, tl.int32))
+    b_key = SORT_KEY(b_s)
+    kk = tl.full([1], k, tl.int32)
+    take = FN(b_key, ok[None, :], kk, KTH(b_key, ok[None, :], kk))
     tl.store(TAKE + offs[None, :], take.to(tl.int8), mask=ok[None, :])
 
 
@@ -48,10 +74,9 @@ def _reference(scores: torch.Tensor, k: int) -> torch.Tensor:
     return take
 
 
-def check_top_k(fn) -> str:
-    """Run the fragment ``fn`` on rows of block scores (with and without ties, k from 0 to the row length) and
-    compare with ``torch.sort``; raise AssertionError saying what went wrong."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+def check_top_k(fn) -> None:
+    """Run the fragment ``fn`` in the interpreter on rows of block scores (with and without ties, k from 0 to
+    the row length) and compare with ``torch.sort``; raise AssertionError saying what went wrong."""
     g = torch.Generator().manual_seed(0)
     rows = [(torch.randn(13, generator=g), 5),
             (torch.tensor([3., 1., 2., 2., 2., 0., 2., 5.]), 3),  # the 3rd best score (2.0) is shared by four
@@ -59,15 +84,22 @@ def check_top_k(fn) -> str:
             (torch.randint(0, 3, (20,), generator=g).float(), 7),
             (torch.randn(9, generator=g), 0), (torch.randn(9, generator=g), 9)]
     for scores, k in rows:
-        s = scores.to(device)
-        take = torch.zeros(s.numel(), dtype=torch.int8, device=device)
-        _harness[(1,)](S=s, TAKE=take, n=s.numel(), k=k, FN=fn, BLOCK=max(16, triton.next_power_of_2(s.numel())))
-        got, want = take.bool().cpu(), _reference(scores, k)
+        take = torch.full((scores.numel(),), -1, dtype=torch.int8)  # poisoned: every entry must be written
+        run("top_k", lambda: interpreted(_harness)[(1,)](
+            scores, take, scores.numel(), k, FN=interpreted(fn), KTH=interpreted(K._kth_key),
+            SORT_KEY=interpreted(K._sort_key), BLOCK=max(16, triton.next_power_of_2(scores.numel()))))
+        got, want = take.bool(), _reference(scores, k)
         if int(got.sum()) != min(k, scores.numel()):
-            raise AssertionError(f"scores {scores.tolist()}, k={k}: kept {int(got.sum())} blocks, expected {k}. "
-                                 f"Kept: {got.nonzero().flatten().tolist()}. Ties at the k-th score must fill up "
-                                 "to k blocks.")
+            raise AssertionError(f"top_k: scores {scores.tolist()}, k={k}: kept {int(got.sum())} blocks, expected "
+                                 f"{k}. Kept: {got.nonzero().flatten().tolist()}. Ties at the k-th score must fill "
+                                 "up to k blocks.")
         if not torch.equal(got, want):
-            raise AssertionError(f"scores {scores.tolist()}, k={k}: kept blocks {got.nonzero().flatten().tolist()}, "
-                                 f"expected {want.nonzero().flatten().tolist()} (ties go to the lower block index)")
-    return "correct: the k best blocks, ties to the lower block, on every row"
+            raise AssertionError(f"top_k: scores {scores.tolist()}, k={k}: kept blocks "
+                                 f"{got.nonzero().flatten().tolist()}, expected {want.nonzero().flatten().tolist()} "
+                                 "(ties go to the lower block index)")
+    passed("top_k", f"{len(rows)} rows, ties at the k-th score filled from the lower block")
+
+
+EXERCISES = [Exercise("top_k", top_k_scaffold, top_k_solution, check_top_k,
+                      mistakes=(_mistake_no_ties, _mistake_all_ties, _mistake_last_ties),
+                      prompt="the ties at the k-th score, lowest block first")]

@@ -8,7 +8,7 @@
 * :func:`read_scaffold` -- a ``@triton.jit`` fragment: each program sums ``BLOCK`` elements of a vector, the
   streaming read whose bandwidth is the memory ceiling. Checked in the Triton interpreter.
 
-A blank is a call of :func:`blank`; replace it with your code.
+A blank is a call of :func:`sparseattn.exercises.blank`; replace it with your code.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import triton.language as tl
 
 from .. import kernels  # noqa: F401  (chooses the Triton backend before the fragments below are defined)
 from ..roofline.model import makespan
-from .ch01_logical_sparsity import _interpreted, _run, blank
+from . import Exercise, blank, interpreted, passed, run
 
 __all__ = ["roofline_ms_scaffold", "roofline_ms_solution", "check_roofline_ms", "makespan_scaffold",
-           "makespan_solution", "check_makespan", "read_scaffold", "read_solution", "check_read"]
+           "makespan_solution", "check_makespan", "read_scaffold", "read_solution", "check_read", "EXERCISES"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -52,13 +52,13 @@ def check_roofline_ms(fn) -> None:
     cases = [("prefill, compute-bound", 2e12, 4e9, 740, 4.6, 0.04), ("decode, memory-bound", 1.7e10, 4.3e9, 740, 4.6,
                                                                        0.02), ("tiny call", 1e6, 1e6, 740, 4.6, 0.04)]
     for name, F, Dh, P, W, T in cases:
-        got = _run("roofline_ms", lambda: fn(F, Dh, P, W, T))
+        got = run("roofline_ms", lambda: fn(F, Dh, P, W, T))
         want = roofline_ms_solution(F, Dh, P, W, T)
         if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9):
             raise AssertionError(f"roofline_ms, {name}: got {got}, expected {want:.4g} ms (compute "
                                  f"{F / P / 1e9:.4g} ms, memory {Dh / W / 1e9:.4g} ms, launch {T} ms: compute and "
                                  f"memory overlap, the launch does not)")
-    print("roofline_ms: correct")
+    passed("roofline_ms", "compute-bound, memory-bound and launch-bound calls")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -92,12 +92,12 @@ def check_makespan(fn) -> None:
     cases += [(f"random #{i}", rng.integers(1, 30, size=int(rng.integers(1, 60))).astype(float),
                int(rng.integers(1, 9))) for i in range(20)]
     for name, units, slots in cases:
-        got = _run("makespan", lambda: fn(units, slots))
+        got = run("makespan", lambda: fn(units, slots))
         want = makespan(units, slots)
         if not math.isclose(float(got), want, rel_tol=1e-12):
             raise AssertionError(f"makespan, {name} ({len(units)} programs on {slots} SMs): got {got}, expected "
                                  f"{want} (the even split would be {units.sum() / slots:.3g})")
-    print("makespan: correct")
+    passed("makespan", f"{len(cases)} program lists")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -129,11 +129,54 @@ def check_read(fn) -> None:
     x[:n] = torch.randn(n, generator=torch.Generator().manual_seed(0))
     programs = math.ceil(n / block)
     out = torch.full((programs,), float("nan"))
-    _run("read", lambda: _interpreted(fn)[(programs,)](x, out, n, BLOCK=block))
+    run("read", lambda: interpreted(fn)[(programs,)](x, out, n, BLOCK=block))
     want = torch.nn.functional.pad(x[:n], (0, programs * block - n)).view(programs, block).sum(1)
     if not torch.isfinite(out).all():
         raise AssertionError(f"read: programs {torch.nonzero(~torch.isfinite(out)).flatten().tolist()} summed NaN: "
                              f"they read past n = {n} (mask the load)")
     if not torch.allclose(out, want, atol=1e-4):
         raise AssertionError(f"read: block sums differ from torch by up to {float((out - want).abs().max()):.3g}")
-    print(f"read: correct ({programs} programs, {n * 4} bytes)")
+    passed("read", f"{programs} programs, {n * 4} bytes")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the mistakes people make (the tests show that each check rejects them)
+# ---------------------------------------------------------------------------------------------------------
+def _roofline_ms_sum(flops, hbm_bytes, peak_tflops, hbm_tbps, launch_ms):
+    """Adds compute and memory time: a kernel overlaps them, so this over-predicts every call."""
+    return flops / (peak_tflops * 1e12) * 1e3 + hbm_bytes / (hbm_tbps * 1e12) * 1e3 + launch_ms
+
+
+def _roofline_ms_no_launch(flops, hbm_bytes, peak_tflops, hbm_tbps, launch_ms):
+    """Forgets the launch: a tiny call is predicted to take no time at all."""
+    return max(flops / (peak_tflops * 1e12) * 1e3, hbm_bytes / (hbm_tbps * 1e12) * 1e3)
+
+
+def _makespan_even_split(units, slots):
+    """The total work split evenly over the SMs: no program is ever cut in pieces, so this misses the tail."""
+    return float(np.sum(units)) / slots if len(units) else 0.0
+
+
+def _makespan_round_robin(units, slots):
+    """Program i to SM i mod slots, whatever is free: a long program stalls its SM's later programs."""
+    busy = [0.0] * slots
+    for i, u in enumerate(units):
+        busy[i % slots] += float(u)
+    return max(busy) if len(units) else 0.0
+
+
+def _read_unmasked(X, OUT, n, BLOCK: tl.constexpr):
+    """Loads the whole last block: the lanes past ``n`` read whatever lies there."""
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.store(OUT + pid, tl.sum(tl.load(X + offs).to(tl.float32), 0))
+
+
+EXERCISES = [
+    Exercise("roofline_ms", roofline_ms_scaffold, roofline_ms_solution, check_roofline_ms,
+             mistakes=(_roofline_ms_sum, _roofline_ms_no_launch), prompt="the slower of compute and memory, plus the launch"),
+    Exercise("makespan", makespan_scaffold, makespan_solution, check_makespan,
+             mistakes=(_makespan_even_split, _makespan_round_robin), prompt="the SM that frees first runs the next program"),
+    Exercise("read", read_scaffold, read_solution, check_read, mistakes=(_read_unmasked,),
+             prompt="a masked load of one block"),
+]

@@ -1,15 +1,14 @@
 """Chapter 11 exercises: the empty-row rule of the kernels' epilogue (a Triton fragment), and the comparison
 that catches a kernel bug (the reference on the same edges, not full attention).
 
-Each exercise has a scaffold (one or two lines replaced by :func:`blank`), its solution, a ``check_<name>``
-that raises AssertionError with a helpful message when a candidate is wrong, and the mistakes people make
-(wrong variants the check must reject; the tests run them). Triton fragments run in the interpreter on CPU
-tensors, on any machine.
+Each exercise (:class:`sparseattn.exercises.Exercise`) has a scaffold (one or two lines replaced by
+:func:`~sparseattn.exercises.blank`), its solution, a ``check_<name>`` that raises AssertionError with a
+helpful message when a candidate is wrong, and the mistakes people make (wrong variants the check must
+reject; the tests run them). Triton fragments run in the interpreter on CPU tensors, on any machine.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
 
 import torch
 import triton
@@ -18,69 +17,11 @@ import triton.language as tl
 from .. import kernels  # noqa: F401  (chooses the Triton backend before the fragments below are defined)
 from .. import patterns as P
 from ..layout import BlockLayout
-from ..ops import sparse_attention
 from ..reference import reference_attention
+from . import Exercise, blank, interpreted, passed, run
 
-__all__ = ["source", "finalize_scaffold", "finalize_solution", "check_finalize", "same_edges_error_scaffold",
+__all__ = ["finalize_scaffold", "finalize_solution", "check_finalize", "same_edges_error_scaffold",
            "same_edges_error_solution", "check_same_edges_error", "drop_one_tile", "EXERCISES"]
-
-
-class Blank(NotImplementedError):
-    """Raised by a scaffold line that is still :func:`blank`."""
-
-
-def blank(hint: str = ""):
-    """The blank of a scaffold: replace this call with your code."""
-    raise Blank(f"fill in the blank: {hint}" if hint else "fill in the blank")
-
-
-class Exercise(NamedTuple):
-    name: str
-    scaffold: Callable
-    solution: Callable
-    check: Callable[[Callable], None]
-    mistakes: Sequence[Callable] = ()
-    prompt: str = ""
-
-
-def _interpreted(fn):
-    """``fn`` (``@triton.jit`` or plain) as a Triton-interpreter function: runs on CPU tensors anywhere."""
-    from triton.runtime.interpreter import InterpretedFunction
-    for _ in range(8):  # JITFunction / InterpretedFunction / heuristics wrappers
-        if not hasattr(fn, "fn"):
-            break
-        fn = fn.fn
-    return InterpretedFunction(fn)
-
-
-def source(fn) -> str:
-    """The source of a scaffold or solution (``@triton.jit`` wrappers unwrapped), for the page."""
-    import inspect
-    for _ in range(8):
-        if not hasattr(fn, "fn"):
-            break
-        fn = fn.fn
-    return inspect.getsource(fn)
-
-
-def _run(what: str, call: Callable):
-    """Run ``call()``; a blank still in place, or an error inside the candidate, becomes an AssertionError."""
-    import warnings
-
-    import numpy as np
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return call()
-    except AssertionError:
-        raise
-    except Exception as e:  # the interpreter wraps what a kernel raises
-        cause = e
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        if isinstance(cause, Blank) or "fill in the blank" in str(e):
-            raise AssertionError(f"{what}: a blank is still in place ({cause})") from None
-        raise AssertionError(f"{what}: the candidate raised {type(cause).__name__}: {cause}") from e
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -143,8 +84,8 @@ def check_finalize(fn) -> None:
     m_i[empty], l_i[empty], acc[empty] = -math.inf, 0.0, 0.0
     o = torch.full((M, D), float("nan"))  # poisoned: every element must be written
     lse = torch.full((M,), float("nan"))
-    _run("finalize", lambda: _interpreted(_finalize_harness)[(1,)](m_i, l_i, acc, o, lse, FRAG=_interpreted(fn),
-                                                                   M=M, D=D))
+    run("finalize", lambda: interpreted(_finalize_harness)[(1,)](m_i, l_i, acc, o, lse, FRAG=interpreted(fn),
+                                                                 M=M, D=D))
     if torch.isnan(o).any() or torch.isnan(lse).any():
         rows = sorted(set((torch.isnan(o).any(1) | torch.isnan(lse)).nonzero().flatten().tolist()))
         raise AssertionError(f"finalize: NaN in rows {rows} (empty rows: {empty.nonzero().flatten().tolist()}); "
@@ -157,7 +98,7 @@ def check_finalize(fn) -> None:
         raise AssertionError("finalize: the output of a non-empty row is acc / l")
     if not torch.allclose(lse[~empty].double(), want_lse, atol=1e-4, rtol=1e-5):
         raise AssertionError("finalize: the LSE is a natural log: (m_i + log2(l)) * ln(2)")
-    print("finalize: correct (16 rows, 4 of them empty)")
+    passed("finalize", "16 rows, 4 of them empty")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -202,22 +143,24 @@ def drop_one_tile(layout: BlockLayout, row: int = -1) -> BlockLayout:
 
 def check_same_edges_error(fn) -> None:
     """A correct kernel must score below 1e-5 and a kernel that skips one tile above 1e-3 (sinks + window,
-    96 tokens, fp32, in the interpreter). Raises AssertionError when ``fn`` cannot tell them apart."""
+    96 tokens). The two kernels' outputs are stood in for by float32 attention over the edges each one
+    walks (the layout, and the layout with one tile dropped), so the check runs on any machine. Raises
+    AssertionError when ``fn`` cannot tell them apart."""
     g = torch.Generator().manual_seed(1)
     L = 96
     layout = BlockLayout.from_mask_mod(P.sinks_window(4, 20), L, L, 32, 32, device="cpu")
     q, k, v = (torch.randn(1, 2, L, 16, generator=g) for _ in range(3))
-    right = sparse_attention(q, k, v, layout)
-    wrong = sparse_attention(q, k, v, drop_one_tile(layout))
-    e_right = _run("same_edges_error", lambda: fn(right, q, k, v, layout))
-    e_wrong = _run("same_edges_error", lambda: fn(wrong, q, k, v, layout))
+    right = reference_attention(q, k, v, layout.to_dense(), dtype=torch.float32)
+    wrong = reference_attention(q, k, v, drop_one_tile(layout).to_dense(), dtype=torch.float32)
+    e_right = run("same_edges_error", lambda: fn(right, q, k, v, layout))
+    e_wrong = run("same_edges_error", lambda: fn(wrong, q, k, v, layout))
     if not e_right < 1e-5:
         raise AssertionError(f"same_edges_error: the correct kernel scores {e_right:.2e}; compare against the "
                              f"reference over the layout's own edges (layout.to_dense()), not full attention")
     if not e_wrong > 1e-3:
         raise AssertionError(f"same_edges_error: the kernel that skips a tile scores {e_wrong:.2e}, "
                              f"indistinguishable from a correct one")
-    print(f"same_edges_error: correct (right kernel {e_right:.1e}, kernel skipping a tile {e_wrong:.1e})")
+    passed("same_edges_error", f"right kernel {e_right:.1e}, kernel skipping a tile {e_wrong:.1e}")
 
 
 EXERCISES = [

@@ -15,10 +15,10 @@ from ..roofline import ceilings as recorded_ceilings, cost
 from ..roofline.ceilings import Ceilings
 from ..roofline.counts import Shape
 from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, family_layout, report
-from . import COLORS
+from . import COLORS, Table
 
 __all__ = ["ceilings_table", "intensity_points", "roofline_figure", "prediction_scatter", "ratio_figure",
-           "crossover_figure", "crossover_table_figure", "worst_points", "tail_points", "tail_figure",
+           "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure",
            "profile_figure", "EXPLORER_FAMILIES", "explorer_layout", "terms_figure"]
 
 _PASS_SYMBOL = {Pass.FWD: "circle", Pass.BWD: "square", Pass.DECODE_GRAPH: "diamond", Pass.DECODE_DENSE: "diamond"}
@@ -27,8 +27,8 @@ _PASS_SYMBOL = {Pass.FWD: "circle", Pass.BWD: "square", Pass.DECODE_GRAPH: "diam
 # ---------------------------------------------------------------------------------------------------------
 # ceilings and the roofline
 # ---------------------------------------------------------------------------------------------------------
-def ceilings_table(ceil: Optional[Ceilings] = None) -> go.Figure:
-    """The ceilings the model uses, each with where it comes from."""
+def ceilings_table(ceil: Optional[Ceilings] = None) -> Table:
+    """The ceilings the model uses, each with where it comes from (an HTML :class:`Table`)."""
     c = ceil or recorded_ceilings()
     rows = [("SMs", f"{c.sm_count}", c.sources.get("sm_count", "")),
             *((f"matmul, {k}", f"{v:g} TFLOP/s", c.sources.get("matmul_tflops", "") if i == 0 else "same")
@@ -36,12 +36,8 @@ def ceilings_table(ceil: Optional[Ceilings] = None) -> go.Figure:
             ("HBM read", f"{c.hbm_read_tbps:g} TB/s", c.sources.get("hbm_read_tbps", "")),
             ("launch (one more kernel)", f"{c.launch_us:g} us", c.sources.get("launch_us", "")),
             ("L2 cache", f"{c.l2_mib:g} MiB" if c.l2_mib else "-", c.sources.get("l2_mib", ""))]
-    fig = go.Figure(go.Table(columnwidth=[22, 14, 90],
-                             header=dict(values=["ceiling", "value", "where it comes from"], align="left"),
-                             cells=dict(values=[list(x) for x in zip(*rows)], align="left", height=28)))
-    fig.update_layout(title=f"Ceilings of the {c.device} used by the cost model", height=120 + 60 * len(rows),
-                      title_font_size=12, margin=dict(t=40, b=10))
-    return fig
+    return Table(["ceiling", "value", "where it comes from"], rows,
+                 caption=f"Ceilings of the {c.device} used by the cost model")
 
 
 def intensity_points(N: int = 16384, shape: Optional[Shape] = None, decode_shape: Optional[Shape] = None) -> List[dict]:
@@ -217,21 +213,15 @@ def _fmt(vs) -> str:
     return f"{value:.3g}" if value < 1 else f"{value:.0f}"
 
 
-def crossover_table_figure(doc: BenchFile) -> go.Figure:
+def crossover_table(doc: BenchFile) -> Table:
     """Every family and pass: the measured crossovers of ours and FlexAttention and the predicted one of ours
-    (a length: sparse faster above it; a kept fraction: faster below it)."""
+    (a length: sparse faster above it; a kept fraction: faster below it), as an HTML :class:`Table`."""
     es = measured_crossovers(doc)
-    cols = [[e["pattern"] for e in es], [e["pass"] for e in es],
-            ["all N" if e["N"] is None else (f"B={e['B']}, L={e['N']}" if e["B"] else f"N={e['N']}") for e in es],
-            [e["variable"] for e in es], [_fmt(e["ours"]) for e in es], [_fmt(e["flex"]) for e in es],
-            [_fmt(e["ours_predicted"]) for e in es]]
-    fig = go.Figure(go.Table(columnwidth=[30, 10, 18, 10, 14, 16, 14],
-                             header=dict(values=["family", "pass", "at", "varies", "ours (measured)",
-                                                 "FlexAttention (measured)", "ours (predicted)"]),
-                             cells=dict(values=cols)))
-    fig.update_layout(title=f"Crossover against cuDNN on the envelope<br><sup>{doc.caption()}</sup>",
-                      height=140 + 28 * len(es), title_font_size=12, margin=dict(t=60, b=10))
-    return fig
+    rows = [[e["pattern"], e["pass"],
+             "all N" if e["N"] is None else (f"B={e['B']}, L={e['N']}" if e["B"] else f"N={e['N']}"),
+             e["variable"], _fmt(e["ours"]), _fmt(e["flex"]), _fmt(e["ours_predicted"])] for e in es]
+    return Table(["family", "pass", "at", "varies", "ours (measured)", "FlexAttention (measured)",
+                  "ours (predicted)"], rows, caption=f"Crossover against cuDNN on the envelope ({doc.caption()})")
 
 
 # ---------------------------------------------------------------------------------------------------------
