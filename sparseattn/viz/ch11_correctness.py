@@ -3,7 +3,6 @@ growth with length from the recorded ``errors`` suite, repeatability, the edge c
 rendered from :mod:`sparseattn._catalogue`."""
 from __future__ import annotations
 
-import html
 from typing import Dict, List, Optional, Sequence
 
 import plotly.graph_objects as go
@@ -17,7 +16,7 @@ from ..exercises.ch11_correctness import drop_one_tile
 from ..layout import BlockLayout
 from ..ops import sparse_attention
 from ..reference import reference_attention
-from . import COLORS
+from . import COLORS, Table
 
 __all__ = ["two_baselines", "baselines_figure", "cpu_error_growth", "error_growth_figure", "repeat_rows",
            "EDGE_CASES", "edge_case_table", "bad_input_table"]
@@ -159,25 +158,17 @@ EDGE_CASES = [
 ]
 
 
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], code_cols: Sequence[int] = ()) -> str:
-    def cell(i, x):
-        x = html.escape(str(x))
-        return f"<td><code>{x}</code></td>" if i in code_cols else f"<td>{x}</td>"
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(cell(i, x) for i, x in enumerate(r)) + "</tr>" for r in rows)
-    return (f'<table class="table" style="font-size:85%"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
-            f"</table>")
+def edge_case_table() -> Table:
+    """:data:`EDGE_CASES` as an HTML :class:`~sparseattn.viz.Table`."""
+    return Table(["edge case", "what it exercises", "what a bug there does", "tested in"], EDGE_CASES,
+                 caption="The edge cases of a block-sparse kernel and the tests that cover them")
 
 
-def edge_case_table() -> str:
-    """:data:`EDGE_CASES` as an HTML table."""
-    return _html_table(["edge case", "what it exercises", "what a bug there does", "tested in"], EDGE_CASES)
-
-
-def bad_input_table(rows: Optional[List[tuple]] = None, max_message: int = 110) -> str:
-    """The bad-input catalogue as an HTML table: every row is run now and its actual message shown (a row
-    that no longer raises what it should fails here, so the table cannot drift from the code)."""
+def bad_input_table(rows: Optional[List[tuple]] = None, max_message: int = 110) -> Table:
+    """The bad-input catalogue as an HTML :class:`~sparseattn.viz.Table`: every row is run now and its actual
+    message shown (a row that no longer raises what it should fails here, so the table cannot drift from the
+    code)."""
     rows = rows if rows is not None else _catalogue.table()
     shown = [(f, a, k, e, m if len(m) <= max_message else m[: max_message - 1] + "…") for f, a, k, e, m in rows]
-    return _html_table(["function", "argument", "bad value", "raises", "message (as raised now)"], shown,
-                       code_cols=(0, 1, 4))
+    return Table(["function", "argument", "bad value", "raises", "message (as raised now)"], shown,
+                 caption=f"The bad-input catalogue: {len(shown)} rows, each run while this page was built")
