@@ -104,28 +104,23 @@ def test_live_figures_on_the_cpu():
     assert "interpreter" in fig.layout.title.text and len(fig.data) == 3
 
 
-def test_exercise_check_accepts_the_solution_and_rejects_wrong_fragments():
-    from sparseattn.exercises import ch08_routing as ex
-    assert "correct" in ex.check_top_k(ex.top_k_solution)
-    with pytest.raises(AssertionError, match="Ties at the k-th score must fill up"):
-        ex.check_top_k(ex.top_k_scaffold)
-    with pytest.raises(AssertionError, match="lower block"):
-        ex.check_top_k(_ties_to_the_higher_block())
-
-
-def _ties_to_the_higher_block():
-    """A wrong fragment: the right count, but ties filled from the highest block down."""
-    from sparseattn.kernels import route as K  # chooses the backend before the fragment is defined
-    import triton
-    import triton.language as tl  # noqa: F401 - the jit function needs it as a global of this module
-    globals()["tl"] = tl
-    globals()["K"] = K
-
-    @triton.jit
-    def ties_to_the_higher_block(b_key, pool, k):
-        t = K._kth_key(b_key, pool, k)
-        above = pool & (b_key > t)
-        ties = pool & (b_key == t)
-        rank = tl.sum(ties.to(tl.int32), 1)[:, None] - tl.cumsum(ties.to(tl.int32), 1)  # counted from the right
-        return above | (ties & (rank < (k - tl.sum(above.to(tl.int32), 1))[:, None]))
-    return ties_to_the_higher_block
+def test_overhead_against_n_from_the_crossover_sweep():
+    """The crossover suite's routing family: route and attention per length beside causal cuDNN; a length
+    missing a series is left out; no routing rows at all is an error."""
+    from sparseattn.viz import ch08_routing as viz
+    env = dict(ENV, suite="crossover")
+    rows = []
+    for N, route, attn, cud in ((2048, 0.5, 0.6, 0.05), (4096, 0.5, 0.6, 0.15), (8192, 0.45, None, 0.5)):
+        c = dict(N=N, B=1, H=16, D=128, dtype="bf16", family="routing", pattern="route_top2", keep=0.1, topk=2)
+        rows.append({"case": c, "impl": Impl.OURS, "pass": Pass.ROUTE, "ms": route})
+        rows.append({"case": c, "impl": Impl.OURS, "pass": Pass.FWD, "ms": attn, "predicted_ms": 0.1})
+        rows.append({"case": dict(N=N, B=1, H=16, D=128, dtype="bf16", pattern="causal"), "impl": Impl.CUDNN,
+                     "pass": Pass.FWD, "ms": cud, "predicted_ms": 0.1})
+    xo = BenchFile.from_json({**env, "results": rows})
+    pts = viz.sweep_overhead(xo)
+    assert [p["N"] for p in pts] == [2048, 4096] and pts[0] == {"N": 2048, "topk": 2, "route": 0.5,
+                                                               "attention": 0.6, "cudnn": 0.05}
+    fig = viz.sweep_overhead_figure(xo)
+    assert list(fig.data[3].y) == pytest.approx([100 * 0.5 / 1.1] * 2)
+    with pytest.raises(LookupError, match="no routing rows"):
+        viz.sweep_overhead(xo, keep=0.3)

@@ -21,7 +21,7 @@ from ..routing import route, select_blocks, selection_recall
 from . import COLORS, LIGHT
 
 __all__ = ["toy_inputs", "selection_figure", "member_figure", "main_case", "split_figure", "split_at_topk",
-           "overhead_figure", "recall_figure", "reuse_figure", "reroute_errors", "reroute_figure", "live_step"]
+           "overhead_figure", "sweep_overhead", "sweep_overhead_figure", "recall_figure", "reuse_figure", "reroute_errors", "reroute_figure", "live_step"]
 
 #: the terms of a step, bottom to top, and how their bars are drawn (one colour per implementation)
 TERMS = [(Pass.ROUTE, "route (pooled scores + top-k)", "/"), (Pass.INDEX, "index (transposed lists / BlockMask)", "x"),
@@ -179,6 +179,52 @@ def overhead_figure(doc: BenchFile) -> go.Figure:
     fig.update_yaxes(title_text="ms (median)", type="log", row=1, col=2)
     fig.update_layout(height=430, title_font_size=12, legend=dict(orientation="h", y=-0.3),
                       title=f"Routing overhead vs N, top-{m['topk']}<br><sup>{doc.caption()}</sup>")
+    return fig
+
+
+def sweep_overhead(xo: BenchFile, keep: float = 0.1) -> list:
+    """From the ``crossover`` suite's routing family (``route()`` timed apart from the attention on the
+    layout it returns, eager, top-k = ``keep`` of a row's key blocks): per length ``N``, the route time, our
+    attention forward on the routed layout and dense causal cuDNN, in ms. ``[{"N", "topk", "route",
+    "attention", "cudnn"}]``, ascending in N; lengths missing a series are left out."""
+    out = []
+    for N in xo.distinct("N", impl=Impl.OURS, pass_=Pass.ROUTE, family="routing", keep=keep):
+        route_r = xo.one(Impl.OURS, Pass.ROUTE, family="routing", keep=keep, N=N)
+        attn = xo.one(Impl.OURS, Pass.FWD, family="routing", keep=keep, N=N)
+        dense = [r for r in xo.select(Impl.CUDNN, Pass.FWD, pattern="causal", N=N) if r.ms is not None]
+        if route_r.ms is None or attn.ms is None or not dense:
+            continue
+        out.append({"N": N, "topk": route_r.case["topk"], "route": route_r.ms, "attention": attn.ms,
+                    "cudnn": dense[0].ms})
+    if not out:
+        raise LookupError(f"no routing rows at keep={keep} in {xo.suite!r} (run the crossover suite with route())")
+    return out
+
+
+def sweep_overhead_figure(xo: BenchFile, keep: float = 0.1) -> go.Figure:
+    """Against N (the crossover sweep's routing family, eager calls): the route time and our attention on the
+    routed layout, stacked, beside dense causal cuDNN; and the route's share of the routed step."""
+    pts = sweep_overhead(xo, keep)
+    Ns = [p["N"] for p in pts]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=[
+        "routed step (eager) vs dense causal", "route as a share of the routed step"])
+    fig.add_trace(go.Bar(x=Ns, y=[p["route"] for p in pts], name="ours: route()", marker_color=LIGHT[Impl.OURS],
+                         marker_pattern_shape="/"), row=1, col=1)
+    fig.add_trace(go.Bar(x=Ns, y=[p["attention"] for p in pts], name="ours: attention forward",
+                         marker_color=COLORS[Impl.OURS]), row=1, col=1)
+    fig.add_trace(go.Scatter(x=Ns, y=[p["cudnn"] for p in pts], mode="lines+markers",
+                             name="cuDNN dense causal (no selection)",
+                             line=dict(color=COLORS[Impl.CUDNN], dash="dot")), row=1, col=1)
+    fig.add_trace(go.Scatter(x=Ns, y=[100 * p["route"] / (p["route"] + p["attention"]) for p in pts],
+                             mode="lines+markers", name="route share", line_color=COLORS[Impl.OURS],
+                             showlegend=False), row=1, col=2)
+    fig.update_layout(barmode="stack", height=430, title_font_size=12, legend=dict(orientation="h", y=-0.3),
+                      title=f"Routing against N, top-k = {keep:.0%} of a row's key blocks"
+                            f"<br><sup>crossover suite, {xo.caption()}</sup>")
+    for col in (1, 2):
+        fig.update_xaxes(title_text="sequence length N (tokens)", type="category", row=1, col=col)
+    fig.update_yaxes(title_text="ms (median)", row=1, col=1)
+    fig.update_yaxes(title_text="% of the routed step", rangemode="tozero", row=1, col=2)
     return fig
 
 
