@@ -1,0 +1,30 @@
+"""Chapter 4's live transpose figure: on a CPU it times the torch stable-sort transpose (not the Triton
+kernel in the interpreter) and says so; that path computes the same lists as the layout's own transpose."""
+import pytest
+import torch
+
+from sparseattn import BlockLayout, patterns as P
+from sparseattn._tiles import _transpose_one_torch
+
+pytest.importorskip("plotly")
+
+
+def test_cpu_figure_times_the_torch_path_and_says_so():
+    from sparseattn.viz import ch04_index as V
+    assert V.transpose_path("cpu") == "torch stable sort" and V.transpose_path("cuda") == "fused Triton kernel"
+    fig = V.transpose_cost_figure(Ns=(256, 512), block=64, repeat=1)
+    assert "torch stable sort" in fig.layout.title.text and "CPU" in fig.layout.title.text
+    assert [len(t.x) for t in fig.data] == [2, 2] and all(y > 0 for t in fig.data for y in t.y)
+
+
+def test_the_timed_torch_path_equals_the_layout_transpose():
+    lay = BlockLayout.from_mask_mod(P.sinks_window(16, 100), 512, 512, 64, 64, device="cpu")
+    want = lay.transpose(width=lay.nq)
+    count, index, slot = _transpose_one_torch(lay.kv_count, lay.kv_index, lay.nk, lay.nq)
+    fcount, findex, _ = _transpose_one_torch(lay.full_count, lay.full_index, lay.nk, lay.nq)
+    assert torch.equal(count, want.q_count) and torch.equal(fcount, want.full_q_count)
+    for c, got, ref in ((count, index, want.q_index), (fcount, findex, want.full_q_index)):
+        valid = torch.arange(got.shape[-1]) < c[..., None]
+        assert torch.equal(got[valid], ref[valid])
+    valid = torch.arange(slot.shape[-1]) < count[..., None]
+    assert torch.equal(slot[valid], want.q_slot[valid])
