@@ -272,7 +272,7 @@ def catalogue() -> List[BadInput]:
         lambda: route(q2, k2, 16, 24, topk=1))
     row(rt, "share", "unknown", ValueError, r"share must be one of", lambda: route(q2, k2, 16, 16, topk=1,
                                                                                   share="group"))
-    row(rt, "member_topk", "missing with semantics='member'", ValueError, r"semantics='member' needs member_topk",
+    row(rt, "member_topk", "missing for member semantics", ValueError, r"semantics='member' needs member_topk",
         lambda: route(q2, k2, 16, 16, topk=1, semantics="member"))
     row(rt, "capacity", "below the forced blocks", ValueError, r"capacity \(1\) must hold the forced blocks",
         lambda: route(q2, k2, 16, 16, topk=1, sinks=1, local=1, capacity=1))

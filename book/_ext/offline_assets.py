@@ -44,7 +44,8 @@ BOOK_CSS = """
 .sa-source pre { font-size: 0.8em; line-height: 1.35; }
 table.sa-table { border-collapse: collapse; font-size: 0.78em; margin: 0.4em 0; max-width: 100%; }
 table.sa-table caption { caption-side: top; text-align: left; color: #444; padding-bottom: 4px; }
-table.sa-table th, table.sa-table td { border-bottom: 1px solid #ddd; padding: 2px 6px; text-align: right; }
+table.sa-table th, table.sa-table td { border-bottom: 1px solid #ddd; padding: 2px 6px; text-align: right;
+                                   overflow-wrap: anywhere; }
 table.sa-table th { vertical-align: bottom; }
 table.sa-table th:first-child, table.sa-table td:first-child { text-align: left; }
 table.sa-table thead th { border-bottom: 2px solid #999; }

@@ -139,7 +139,7 @@ def four_ways_bars(prefill: BenchFile, crossover: Optional[BenchFile], pattern: 
     fig = go.Figure(go.Bar(x=names, y=ms, marker_color=colors, text=text, textposition="outside"))
     fig.update_layout(title=f"{pattern} at N={N}: forward<br><sup>measured: {_sources(prefill, crossover)}</sup>",
                       yaxis_title="ms per call (median)", yaxis_type="log", height=420, title_font_size=12,
-                      showlegend=False)
+                      xaxis_title="implementation", showlegend=False)
     return fig
 
 
@@ -241,6 +241,8 @@ def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title
                                       f"{ledger['index_bytes'] / 1e3:.1f} kB"), margin=dict(l=130))
     fig.update_xaxes(title_text="TFLOP", row=1, col=1)
     fig.update_xaxes(title_text="ms", row=2, col=1)
+    fig.update_yaxes(title_text="work", row=1, col=1)
+    fig.update_yaxes(title_text="implementation", row=2, col=1)
     return fig
 
 

@@ -68,7 +68,7 @@ def member_figure(block: BlockLayout, member: BlockLayout, h: int = 0) -> go.Fig
         fig.add_trace(go.Heatmap(z=lay.to_dense()[0, h].int().tolist(), showscale=False,
                                  colorscale=[[0, "white"], [1, COLORS[Impl.OURS]]],
                                  hovertemplate="query %{y}, key %{x}<extra></extra>"), row=1, col=col)
-        fig.update_yaxes(autorange="reversed", title_text="query position" if col == 1 else None, row=1, col=col)
+        fig.update_yaxes(autorange="reversed", title_text="query position", row=1, col=col)
         fig.update_xaxes(title_text="key position", row=1, col=col)
     fig.update_layout(height=420, title_font_size=12,
                       title="Same tiles loaded, different cells used (computed here on the CPU)")
@@ -131,6 +131,8 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
                       row=1, col=2)
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
+    fig.update_xaxes(title_text="implementation", row=1, col=1)
+    fig.update_xaxes(title_text="what was timed", row=1, col=2)
     # the legend on the right, so that a slider (book.static_explorer) fits below the plot
     fig.update_layout(barmode="stack", height=470, title_font_size=12, legend=dict(x=1.02, y=1, font_size=11),
                       title=f"Routed attention, N={m['N']}, 16 heads, D=128, 128-token blocks, bf16<br>"
@@ -224,7 +226,7 @@ def sweep_overhead_figure(xo: BenchFile, keep: float = 0.1) -> go.Figure:
     for col in (1, 2):
         fig.update_xaxes(title_text="sequence length N (tokens)", type="category", row=1, col=col)
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
-    fig.update_yaxes(title_text="% of the routed step", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(title_text="% of the routed step", row=1, col=2)
     return fig
 
 
@@ -245,7 +247,7 @@ def recall_figure(doc: BenchFile) -> go.Figure:
     for col in (1, 2):
         fig.update_xaxes(title_text="top-k (blocks chosen per query block, + 1 local + 1 sink)", type="log",
                          tickvals=topks, row=1, col=col)
-    fig.update_yaxes(title_text="recall (share of softmax mass)", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(title_text="recall (share of softmax mass)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
     fig.update_layout(height=400, title_font_size=12, showlegend=False,
                       title=f"Recall vs speed, N={m['N']} (synthetic topic inputs, "
@@ -271,14 +273,17 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
                   row=1, col=2)
     main = doc.one(Impl.OURS, Pass.ROUTE, **m)
     drift = sorted((float(d), rec) for d, rec in main.get("recall_drifted").items())
-    fig.add_trace(go.Scatter(x=[0.0] + [d for d, _ in drift], y=[main.get("recall")] + [rec for _, rec in drift],
-                             mode="lines+markers", line_color=COLORS[Impl.OURS], showlegend=False), row=1, col=3)
+    # bars from 0: a flat line on a zoomed axis would make differences in the 4th decimal look large
+    fig.add_trace(go.Bar(x=["fresh"] + [f"drift {d:g}" for d, _ in drift],
+                         y=[main.get("recall")] + [rec for _, rec in drift], marker_color=LIGHT[Impl.OURS],
+                         text=[f"{x:.4f}" for x in [main.get("recall")] + [rec for _, rec in drift]],
+                         textposition="outside", showlegend=False), row=1, col=3)
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
     fig.update_yaxes(title_text="share of softmax mass", range=[0, 1.02], row=1, col=2)
-    fig.update_yaxes(range=[0, 1.02], row=1, col=3)
+    fig.update_yaxes(title_text="share of softmax mass", range=[0, 1.02], row=1, col=3)
     fig.update_xaxes(title_text="share", row=1, col=1)
     fig.update_xaxes(title_text="share", row=1, col=2)
-    fig.update_xaxes(title_text="drift: share of fresh noise in the inputs routed on", row=1, col=3)
+    fig.update_xaxes(title_text="inputs the selection was routed on", row=1, col=3)
     fig.update_layout(height=420, title_font_size=12,
                       title=f"Reusing one selection, N={m['N']}, top-{m['topk']}<br><sup>{doc.caption()}</sup>")
     return fig

@@ -95,8 +95,8 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
     fig.update_layout(xaxis_type="log", yaxis_type="log", height=520, title_font_size=12,
                       xaxis_title="arithmetic intensity (FLOP per HBM byte)", yaxis_title="TFLOP/s (predicted)",
                       title=f"Roofline of the {c.device}, {dtype}<br><sup>filled: compulsory bytes (each byte "
-                            f"once); open: bytes the programs request (no reuse across programs); rates from the "
-                            f"cost model</sup>",
+                            f"once); open: bytes the programs request<br>(no reuse across programs); rates from "
+                            f"the cost model</sup>",
                       legend=dict(font=dict(size=10)))
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(min(ys) / 1.5), math.log10(P * 1.5)])
@@ -133,8 +133,9 @@ def prediction_scatter(doc: BenchFile, exclude=()) -> go.Figure:
     s = ratio_summary([r["ratio"] for r in rows])
     fig.update_layout(xaxis_type="log", yaxis_type="log", height=540, title_font_size=12,
                       xaxis_title="measured ms (median)", yaxis_title="predicted ms (cost model, fitted elsewhere)",
-                      title=f"Predicted vs measured, {s['n']} rows of the crossover sweep: {s['within_25pct']:.0%} "
-                            f"within 25%, median ratio {s['median']:.2f}<br><sup>{doc.caption()}</sup>")
+                      title=f"Predicted vs measured, {s['n']} rows of the crossover sweep<br><sup>"
+                            f"{s['within_25pct']:.0%} within 25%, median ratio {s['median']:.2f}; "
+                            f"{doc.caption()}</sup>")
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(lo), math.log10(hi)])
     return fig
@@ -153,7 +154,7 @@ def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
     fig.add_hrect(y0=0.75, y1=1.25, fillcolor="gray", opacity=0.12, line_width=0)
     ys = [r["ratio"] for r in rows]
     fig.update_layout(yaxis_type="log", height=440, title_font_size=12, showlegend=False,
-                      yaxis_title="predicted / measured", title=f"Ratio per series (band: +-25%)<br><sup>"
+                      yaxis_title="predicted / measured", xaxis_title="series (implementation, pass)", title=f"Ratio per series (band: +-25%)<br><sup>"
                                                                 f"{doc.caption()}</sup>")
     fig.update_yaxes(range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
     return fig
@@ -199,8 +200,9 @@ def crossover_figure(doc: BenchFile, family: str, pass_: str, N: Optional[int] =
     where = "" if e["N"] is None else (f", B={e['B']}, L={e['N']}" if e["B"] else f", N={e['N']}")
     fig.update_layout(xaxis_type="log", yaxis_type="log", height=430, title_font_size=12, xaxis_title=what,
                       yaxis_title=f"speedup over {e['envelope']} cuDNN", legend=dict(font=dict(size=10)),
-                      title=f"{e['pattern']} {pass_}{where}: crossover ours {_fmt(e['ours'])}, FlexAttention "
-                            f"{_fmt(e['flex'])}, predicted {_fmt(e['ours_predicted'])}<br><sup>{doc.caption()}</sup>")
+                      title=f"{e['pattern']} {pass_}{where}<br><sup>crossover: ours {_fmt(e['ours'])}, "
+                            f"FlexAttention {_fmt(e['flex'])}, predicted {_fmt(e['ours_predicted'])}<br>"
+                            f"{doc.caption()}</sup>")
     fig.update_xaxes(range=[math.log10(min(x)) - 0.05, math.log10(max(x)) + 0.05])
     fig.update_yaxes(range=[math.log10(min(ys + [1.0]) / 1.3), math.log10(max(ys + [1.0]) * 1.3)])
     return fig
@@ -279,7 +281,8 @@ def profile_figure(profiles: Dict[str, dict], title: str = "") -> go.Figure:
                              orientation="h", marker_color=color,
                              hovertemplate=f"{bucket}: %{{x:.3g}} ms<extra></extra>"))
     fig.update_layout(barmode="stack", height=160 + 80 * len(names), title_font_size=12,
-                      xaxis_title="ms of the step (wall)", title=title, legend=dict(orientation="h", y=-0.35))
+                      xaxis_title="ms of the step (wall)", yaxis_title="profiled step", title=title,
+                      legend=dict(orientation="h", y=-0.35))
     return fig
 
 
@@ -314,8 +317,9 @@ def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 
                              hovertemplate=f"{term}: %{{y:.3g}} ms<extra></extra>"))
     fig.add_trace(go.Scatter(x=impls, y=[r.predicted[i] for i in impls], mode="markers", name="predicted total",
                              marker=dict(symbol="line-ew-open", size=30, color="black", line=dict(width=2))))
-    fig.update_layout(barmode="group", height=420, title_font_size=12, yaxis_title="ms (cost model, H200)",
-                      title=f"{family}, N={N}, density {density:g}, {dtype}, {pass_} (envelope: {r.envelope} cuDNN)"
-                            f"<br><sup>{r.verdict}; our dominant term: {r.dominant}</sup>",
+    fig.update_layout(barmode="group", height=440, title_font_size=12, yaxis_title="ms (cost model, H200)",
+                      xaxis_title="implementation",
+                      title=f"{family}, N={N}, density {density:g}, {dtype}, {pass_}<br><sup>envelope: "
+                            f"{r.envelope} cuDNN; {r.verdict}<br>our dominant term: {r.dominant}</sup>",
                       legend=dict(orientation="h", y=-0.2))
     return fig

@@ -3,6 +3,7 @@ growth with length from the recorded ``errors`` suite, repeatability, the edge c
 rendered from :mod:`sparseattn._catalogue`."""
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional, Sequence
 
 import plotly.graph_objects as go
@@ -60,6 +61,9 @@ def baselines_figure(window: int = 24, L: int = 128, errors: Optional[dict] = No
         fig.add_trace(go.Bar(x=kernels, y=[errors[k][base] for k in kernels], name=base, marker_color=color,
                              text=[f"{errors[k][base]:.1e}" for k in kernels], textposition="outside"))
     fig.add_hline(y=2e-5, line_dash="dot", annotation_text="fp32 tolerance 2e-5", annotation_position="top left")
+    vals = [errors[k][b] for k in kernels for b in BASELINE_COLORS] + [2e-5]
+    lo, hi = math.log10(min(vals)), math.log10(max(vals))
+    fig.update_yaxes(range=[lo - 0.4, hi + 0.6])  # room for the labels above the bars, no decade past them
     fig.update_layout(barmode="group", yaxis_type="log", height=420, title_font_size=12,
                       yaxis_title="relative Frobenius error (dimensionless)", xaxis_title="kernel under test",
                       title=(f"Same kernel output, two yardsticks: sinks 4 + window {window}, {L} tokens, fp32,<br>"
@@ -105,8 +109,9 @@ def error_growth_figure(bf: BenchFile, dtype: str = "bf16", stats: Optional[List
                                  ticktext=[f"{n // 1024}k" for n in Ns], range=_log_range(Ns)),
                       yaxis=dict(type="log", title="|O - O_ref| per row (output units, log scale)"),
                       height=480, title_font_size=12, legend=dict(orientation="h", y=-0.3),
-                      title=(f"Error vs length, causal, {dtype}, H={case['H']}, D={case['D']}, against fp64 "
-                             f"(all rows up to {E.FULL_ROWS}, else {case['rows']} sampled)<br>{bf.caption()}"))
+                      title=(f"Error against fp64 by length: causal, {dtype}, H={case['H']}"
+                             f"<br><sup>D={case['D']}; all rows up to N={E.FULL_ROWS}, else {case['rows']} "
+                             f"sampled; {bf.caption()}</sup>"))
     return fig
 
 
