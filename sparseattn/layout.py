@@ -433,30 +433,8 @@ class BlockLayout:
         """What a trusted layout can check without reading its contents: kinds, shapes, dtypes, devices, and a
         mask path that needs no content-derived plan."""
         from .predicates import kernel_predicate
-        nq = self.nq
-        tensors = {"kv_count": self.kv_count, "kv_index": self.kv_index, "full_count": self.full_count,
-                   "full_index": self.full_index}
-        for name, t in tensors.items():
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dtype != T.INDEX_DTYPE:
-                raise TypeError(f"{name} must be int32, got {t.dtype}")
-            if t.device != self.kv_count.device:
-                raise ValueError(f"{name} is on {t.device} but kv_count is on {self.kv_count.device}")
-        for cname, iname in (("kv_count", "kv_index"), ("full_count", "full_index")):
-            count, index = tensors[cname], tensors[iname]
-            if count.dim() != 3 or count.shape[2] != nq or index.dim() != 4 or \
-                    tuple(index.shape[:3]) != tuple(count.shape) or index.shape[3] < 1:
-                raise ValueError(f"{cname}/{iname} must have shapes [B, H, nq={nq}] and [B, H, nq, W>=1], got "
-                                 f"{tuple(count.shape)} and {tuple(index.shape)}")
-        if tuple(self.kv_count.shape[:2]) != tuple(self.full_count.shape[:2]):
-            raise ValueError(f"kv_count {tuple(self.kv_count.shape)} and full_count {tuple(self.full_count.shape)} "
-                             f"must share B and H")
-        if self.row_slot is not None:
-            want = (self.B, self.H, self.q_len, self.width)
-            if not isinstance(self.row_slot, torch.Tensor) or self.row_slot.dtype != torch.uint8 or \
-                    tuple(self.row_slot.shape) != want or self.row_slot.device != self.device:
-                raise ValueError(f"row_slot must be a uint8 tensor of shape {list(want)} on {self.device}")
+        self._check_list_shapes()
+        self._check_row_slot()
         if self.tile_bits is None and self.mask_mod is not None and kernel_predicate(self.mask_mod) is None:
             raise ValueError(f"a trusted (dynamic) layout needs a mask_mod the kernels evaluate in registers "
                              f"(bands, sinks, documents) or tile_bits; {getattr(self.mask_mod, '__name__', '?')!r} "
@@ -599,8 +577,9 @@ class BlockLayout:
         }
 
     # ---- validation ----------------------------------------------------------------------------------------
-    def validate(self) -> "BlockLayout":
-        """Check the lists; raise ValueError/TypeError naming the field and the broken rule."""
+    def _check_list_shapes(self) -> None:
+        """The checks of the four lists that read no contents (trusted and validated layouts alike): kinds,
+        dtypes, devices and shapes."""
         names = ("kv_count", "kv_index", "full_count", "full_index")
         tensors = (self.kv_count, self.kv_index, self.full_count, self.full_index)
         for name, t in zip(names, tensors):
@@ -610,7 +589,7 @@ class BlockLayout:
                 raise TypeError(f"{name} must be int32, got {t.dtype}")
             if t.device != self.kv_count.device:
                 raise ValueError(f"{name} is on {t.device} but kv_count is on {self.kv_count.device}")
-        nq, nk = self.nq, self.nk
+        nq = self.nq
         for cname, iname, count, index in (("kv_count", "kv_index", self.kv_count, self.kv_index),
                                            ("full_count", "full_index", self.full_count, self.full_index)):
             if count.dim() != 3 or count.shape[2] != nq:
@@ -621,6 +600,29 @@ class BlockLayout:
             B, H = count.shape[:2]
             if B < 1 or H < 1:
                 raise ValueError(f"{cname}: B and H must be >= 1, got B={B}, H={H}")
+        if tuple(self.kv_count.shape[:2]) != tuple(self.full_count.shape[:2]):
+            raise ValueError(f"kv_count {tuple(self.kv_count.shape)} and full_count {tuple(self.full_count.shape)} "
+                             f"must share B and H")
+
+    def _check_row_slot(self) -> None:
+        """A member selection's row x slot bits: uint8 ``[B, H, q_len, W]`` on the lists' device."""
+        if self.row_slot is None:
+            return
+        want = (self.B, self.H, self.q_len, self.width)
+        if not isinstance(self.row_slot, torch.Tensor) or self.row_slot.dtype != torch.uint8:
+            raise TypeError("row_slot must be a uint8 tensor")
+        if tuple(self.row_slot.shape) != want:
+            raise ValueError(f"row_slot must have shape [B, H, q_len, W] = {list(want)}, got "
+                             f"{tuple(self.row_slot.shape)}")
+        if self.row_slot.device != self.device:
+            raise ValueError(f"row_slot is on {self.row_slot.device} but the lists are on {self.device}")
+
+    def validate(self) -> "BlockLayout":
+        """Check the lists; raise ValueError/TypeError naming the field and the broken rule."""
+        self._check_list_shapes()
+        nq, nk = self.nq, self.nk
+        for cname, iname, count, index in (("kv_count", "kv_index", self.kv_count, self.kv_index),
+                                           ("full_count", "full_index", self.full_count, self.full_index)):
             W = index.shape[3]
             bad = (count < 0) | (count > W)
             if bad.any():
@@ -637,23 +639,12 @@ class BlockLayout:
                 where = tuple(bad_order.nonzero()[0].tolist())
                 raise ValueError(f"{iname}: row {list(where[:3])} is not strictly ascending at slot {where[3] + 1} "
                                  f"(duplicate or unsorted tile index)")
-        if tuple(self.kv_count.shape[:2]) != tuple(self.full_count.shape[:2]):
-            raise ValueError(f"kv_count {tuple(self.kv_count.shape)} and full_count {tuple(self.full_count.shape)} "
-                             f"must share B and H")
         partial, full = self.block_classes()
         both = partial & full
         if both.any():
             where = tuple(both.nonzero()[0].tolist())
             raise ValueError(f"tile {list(where)} is listed both as partial (kv_index) and full (full_index)")
-        if self.row_slot is not None:
-            want = (self.B, self.H, self.q_len, self.width)
-            if not isinstance(self.row_slot, torch.Tensor) or self.row_slot.dtype != torch.uint8:
-                raise TypeError("row_slot must be a uint8 tensor")
-            if tuple(self.row_slot.shape) != want:
-                raise ValueError(f"row_slot must have shape [B, H, q_len, W] = {list(want)}, got "
-                                 f"{tuple(self.row_slot.shape)}")
-            if self.row_slot.device != self.device:
-                raise ValueError(f"row_slot is on {self.row_slot.device} but the lists are on {self.device}")
+        self._check_row_slot()
         if self.tile_bits is not None:
             want = (self.B, self.H, nq, self.width, self.block_q, self.block_k // 8)
             if not isinstance(self.tile_bits, torch.Tensor) or self.tile_bits.dtype != torch.uint8:

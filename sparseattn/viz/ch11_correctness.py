@@ -111,7 +111,7 @@ def error_growth_figure(bf: BenchFile, dtype: str = "bf16", stats: Optional[List
                       height=480, title_font_size=12, legend=dict(orientation="h", y=-0.3),
                       title=(f"Error against fp64 by length: causal, {dtype}, H={case['H']}"
                              f"<br><sup>D={case['D']}; all rows up to N={E.FULL_ROWS}, else {case['rows']} "
-                             f"sampled; {bf.caption()}</sup>"))
+                             f"sampled<br>{bf.caption()}</sup>"), margin=dict(t=110))
     return fig
 
 
