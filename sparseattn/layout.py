@@ -8,7 +8,8 @@ tile (a *row*), the key tiles it must visit, in two groups:
 
 Empty tiles are never listed, a tile is listed at most once per row, indices in a row ascend. The transposed
 lists (for every key tile, the query tiles that visit it) drive the backward pass's dK/dV kernels; they are
-built on the device by a stable sort of the ``(column, row)`` pairs, in O(nnz).
+built on the device by one fused launch (:mod:`sparseattn.kernels.transpose`; CPU layouts on a machine whose
+kernels run on a GPU use a stable sort of the ``(column, row)`` pairs instead), in O(nnz).
 
 Memory never grows with ``Lq x Lk``: tiles are classified from a pattern's tile rule where it has one, and
 every undecided tile is evaluated cell by cell in chunks of tiles. Only ``to_dense`` materialises cells.
