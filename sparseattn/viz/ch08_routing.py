@@ -29,10 +29,12 @@ TERMS = [(Pass.ROUTE, "route (pooled scores + top-k)", "/"), (Pass.INDEX, "index
 
 
 def toy_inputs(N: int = 256, Hq: int = 2, Hkv: int = 1, D: int = 32, block: int = 32, seed: int = 0,
-               device="cpu"):
+               device=None):
     """Small q, k, v with the benchmark's structure (keys and queries around shared topic directions, one per
-    ``block`` tokens), for figures computed on the reader's machine."""
+    ``block`` tokens), for figures computed on the reader's machine (``device=None``: the GPU when there is
+    one, where the kernels run; fp32, whose dots the kernels compute exactly there too)."""
     from ..bench.routing import routing_inputs
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return routing_inputs(1, Hq, Hkv, N, D, torch.float32, device, seed=seed, block=block)
 
 
@@ -307,7 +309,7 @@ def reroute_errors(eps=(0.0, 0.1, 0.2, 0.3, 0.5, 1.0), N: int = 128, block: int 
     g = torch.Generator().manual_seed(seed + 1)
     out = []
     for e in eps:
-        noisy = [t + e * t.std() * torch.randn(t.shape, generator=g) for t in (q, k)]
+        noisy = [t + e * t.std() * torch.randn(t.shape, generator=g).to(t.device) for t in (q, k)]
         again = route(*noisy, block, block, topk=topk)
         changed = int((torch.stack(again.block_classes()) != torch.stack(layout.block_classes())).sum())
         grads = backward(do, q, k, v, o, lse, again, scale, True)  # a backward on the re-routed layout
