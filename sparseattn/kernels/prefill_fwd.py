@@ -1,4 +1,5 @@
-"""Block-sparse attention forward: one program per (query sub-tile, batch * query head).
+"""Block-sparse attention forward: one program per (query sub-tile, batch * query head), or, split (``SPLIT``),
+one per (task, batch * query head) where a task is a range of slots of a row (:mod:`sparseattn.balance`).
 
 A program walks only the key tiles its layout row lists: the partial tiles (token mask applied), then the
 full tiles (no mask work), through one inner-loop helper with a ``MASKED`` flag. Each layout tile of
@@ -16,18 +17,19 @@ from ._common import (doc_ids, doc_row, finalize, load_rows, online_softmax_step
 
 @triton.jit
 def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-               COUNT, INDEX, row, width, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
+               COUNT, INDEX, row, width, slot_lo, slot_hi, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
                Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
                HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
                DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr):
-    """Fold the key tiles listed in ``INDEX[row, :COUNT[row]]`` into (acc, m, l). ``MASKED``: partial tiles,
-    token mask applied; otherwise full tiles, where only the key-length edge can cut a row."""
+    """Fold the key tiles listed in ``INDEX[row, slot_lo:min(slot_hi, COUNT[row])]`` into (acc, m, l) (a split
+    task's share of the row; the whole row is ``0, width``). ``MASKED``: partial tiles, token mask applied;
+    otherwise full tiles, where only the key-length edge can cut a row."""
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
-    n_tiles = tl.load(COUNT + row)
+    n_tiles = tl.minimum(tl.load(COUNT + row), slot_hi)
     CHECK: tl.constexpr = MASKED or not EVEN_K  # partial tiles may end past Lk; full ones only at the edge
-    for it in tl.range(0, n_tiles * SUB, warp_specialize=WARP_SPEC):
+    for it in tl.range(slot_lo * SUB, n_tiles * SUB, warp_specialize=WARP_SPEC):
         slot = it // SUB
         kb = tl.load(INDEX + row * width + slot)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
@@ -63,6 +65,7 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
     "USE_TMA": lambda a: a["desc_q"] is not None,
     "EVEN_K": lambda a: a["Lk"] % a["BLOCK_K"] == 0,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
+    "SPLIT": lambda a: a["TASKS"] is not None,
 })
 @triton.jit
 def sparse_fwd_kernel(
@@ -70,17 +73,28 @@ def sparse_fwd_kernel(
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
     KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, ROW_ORDER, BITS, DOC, stride_doc_b, ROW_SLOT,
+    TASKS, N_TASKS, WS_O, WS_LSE, ws_cap,
     Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale_log2,
     band_lo, band_hi, sink_n, sink_lo, sink_hi,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    # ---- which rows this program owns -----------------------------------------------------------------
+    # ---- which rows (and, split, which slots of them) this program owns --------------------------------------
     pid = tl.program_id(0)
     bh = tl.program_id(1)
-    m_tile = tl.load(ROW_ORDER + pid)  # longest rows first: the tail of the launch is short rows
+    if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)
+        if pid >= tl.load(N_TASKS):
+            return  # an empty slot of the fixed-capacity task list
+        m_tile = tl.load(TASKS + pid * 4)
+        slot_lo = tl.load(TASKS + pid * 4 + 1)
+        slot_hi = tl.load(TASKS + pid * 4 + 2)
+        ws = tl.load(TASKS + pid * 4 + 3)
+    else:
+        m_tile = tl.load(ROW_ORDER + pid)  # longest rows first: the tail of the launch is short rows
+        slot_lo = 0
+        slot_hi = W + FW
     b = bh // Hq
     hq = bh % Hq
     hkv = hq // group
@@ -110,19 +124,42 @@ def sparse_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     # ---- partial tiles (token mask), then full tiles (no mask work) --------------------------------------
+    if SPLIT:  # the task's slots past this head's partial list are its full tiles
+        kv_n = tl.load(KV_COUNT + row)
+        full_lo = tl.maximum(slot_lo - kv_n, 0)
+        full_hi = slot_hi - kv_n
+    else:
+        full_lo = 0
+        full_hi = FW
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-                               KV_COUNT, KV_INDEX, row, W, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
-                               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+                               KV_COUNT, KV_INDEX, row, W, slot_lo, slot_hi, offs_m_abs, row_in_tile, doc_q,
+                               DOC_ROW, BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
+                               rs_rows,
                                BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, True, USE_BITS, HAS_SINKS, HAS_DOC,
                                HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-                               FULL_COUNT, FULL_INDEX, row, FW, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
-                               Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+                               FULL_COUNT, FULL_INDEX, row, FW, full_lo, full_hi, offs_m_abs, row_in_tile, doc_q,
+                               DOC_ROW, BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
+                               rs_rows,
                                BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, False, USE_BITS, HAS_SINKS, HAS_DOC,
                                HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
 
     # ---- one normalisation; empty rows give O = 0 and LSE = -inf -------------------------------------------
     b_o, b_lse = finalize(m_i, l_i, acc)
+    if SPLIT:
+        if ws >= 0:  # a chunk of a split row: its float32 state, merged by kernels.merge in chunk order
+            p_ws = (bh.to(tl.int64) * ws_cap + ws) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] workspace rows
+            tl.store(WS_O + p_ws[:, None] * HEAD_DIM + offs_d[None, :], b_o)
+            tl.store(WS_LSE + p_ws, b_lse)
+        else:
+            _store_out(O, LSE, b_o, b_lse, b, hq, bh, stride_ob, stride_oh, stride_om, offs_m, offs_d, m_ok, Lq)
+    else:
+        _store_out(O, LSE, b_o, b_lse, b, hq, bh, stride_ob, stride_oh, stride_om, offs_m, offs_d, m_ok, Lq)
+
+
+@triton.jit
+def _store_out(O, LSE, b_o, b_lse, b, hq, bh, stride_ob, stride_oh, stride_om, offs_m, offs_d, m_ok, Lq):
+    """O (in its dtype) and the natural-log LSE of one query sub-tile; rows past Lq are not stored."""
     o_base = O + b.to(tl.int64) * stride_ob + hq.to(tl.int64) * stride_oh
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], b_o.to(O.dtype.element_ty), mask=m_ok[:, None])
     tl.store(LSE + bh.to(tl.int64) * Lq + offs_m, b_lse, mask=m_ok)

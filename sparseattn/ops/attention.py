@@ -11,6 +11,7 @@ from . import _launch as L
 from .backward import backward
 from .config import BwdConfig, FwdConfig
 from .prefill import forward
+from .split import check_split
 
 
 def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
@@ -35,6 +36,7 @@ def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
         if not isinstance(config, FwdConfig):
             raise TypeError(f"config must be a FwdConfig or None, got {type(config).__name__}")
         L.check_kernel_tiles("config", layout, block_m=config.block_m, block_n=config.block_n)
+        check_split("config", config.split)
     if bwd_config is not None:
         if not isinstance(bwd_config, BwdConfig):
             raise TypeError(f"bwd_config must be a BwdConfig or None, got {type(bwd_config).__name__}")

@@ -12,7 +12,7 @@ import functools
 import json
 import pathlib
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -25,13 +25,20 @@ _TABLE = pathlib.Path(__file__).resolve().parent.parent / "data" / "tuned_config
 class FwdConfig:
     """Forward kernel: ``block_m`` queries per program, ``block_n`` keys per step (both divide the layout's
     tiles), Triton's ``num_warps``/``num_stages``. ``tma=None`` uses tensor descriptors (TMA) where the GPU and
-    the strides allow; ``warp_specialize`` turns on Triton's producer/consumer warp specialisation."""
+    the strides allow; ``warp_specialize`` turns on Triton's producer/consumer warp specialisation.
+
+    ``split``: ``None`` (default) runs one program per query sub-tile over its whole row, longest row first;
+    an int runs tasks of at most that many listed tiles (longer rows are split, their chunks' partial states
+    merged in a fixed order: deterministic); ``"auto"`` lets :mod:`sparseattn.balance` pick the chunk on the
+    device (FlashInfer's fill rule and a tail bound). The default stays the plain grid until the balance
+    suite's H200 timings show where splitting pays."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     tma: Optional[bool] = None
     warp_specialize: bool = False
+    split: Union[int, str, None] = None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Forward pass of block-sparse prefill attention: config, allocation and the keyword launch."""
+"""Forward pass of block-sparse prefill attention: config, allocation and the keyword launch (plain grid, or
+split tasks and their merge when the config asks: :mod:`.split`)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,6 +10,7 @@ from .. import _runtime
 from .._checks import LOG2E
 from ..layout import BlockLayout
 from . import _launch as L
+from . import split as S
 from .config import FwdConfig, layout_default, smaller_tiles
 
 
@@ -44,6 +46,7 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
     o = out if out is not None else torch.empty_like(q)
     lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
     order = L.row_order(layout, cfg.block_m)
+    split = S.prepare(layout, cfg.block_m, cfg.split, B, Hq, D, q.device) if cfg.split is not None else None
     desc_q = desc_k = desc_v = None
     if _use_tma(cfg, q, k, v):
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -51,15 +54,18 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
         desc_k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.block_n, D])
         desc_v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.block_n, D])
     L.launch(
-        prefill_fwd.sparse_fwd_kernel, (order.numel(), B * Hq),
+        prefill_fwd.sparse_fwd_kernel, (split.plan.capacity if split is not None else order.numel(), B * Hq),
         Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v,
         **L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"), **L.strides("o", o, "m"),
         KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index, FULL_COUNT=layout.full_count,
         FULL_INDEX=layout.full_index, ROW_ORDER=order, **L.mask_kwargs(layout, B),
+        **(S.kernel_kwargs(split) if split is not None else S.PLAIN),
         Hq=Hq, **L.head_kwargs(layout, Hq, Hkv), n_qtiles=layout.nq, W=layout.width, FW=layout.full_width,
         Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale_log2=scale * LOG2E,
         HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         WARP_SPEC=cfg.warp_specialize and not _runtime.is_interpreter(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if split is not None:
+        S.merge(split, o, lse, cfg.block_m)
     return o, lse

@@ -25,7 +25,6 @@ ceilings record, per implementation (ours, FlexAttention, cuDNN) and pass.
 """
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -33,6 +32,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from ..balance import makespan  # one home: the load-balance module (re-exported here)
 from ..layout import BlockLayout
 from ..ops.config import BwdConfig, DecodeConfig, FwdConfig, clip_tiles, default_config
 from ..paged import PagedKVCache, PageSelection
@@ -44,27 +44,6 @@ __all__ = ["Cost", "cost", "work_of", "predict", "makespan", "model_params", "IM
 
 IMPLS = ("sparseattn", "flex", "cudnn")
 PASSES = ("fwd", "bwd", "decode")
-_SIM_LIMIT = 2_000_000  # programs; above this the schedule uses its two-sided bound (mean and longest)
-
-
-def makespan(units: np.ndarray, slots: int) -> float:
-    """Finish time of the last program when programs (``units``, in dispatch order) are dealt to ``slots``
-    identical SMs, each to the SM that frees first."""
-    n = len(units)
-    if n == 0:
-        return 0.0
-    if n <= slots:
-        return float(units.max())
-    if float(units.min()) == float(units.max()):
-        return math.ceil(n / slots) * float(units[0])
-    if n > _SIM_LIMIT:
-        return float(units.sum() / slots + units.max() * (1 - 1 / slots))
-    heap = units[:slots].astype(float).tolist()
-    heapq.heapify(heap)
-    replace = heapq.heapreplace
-    for w in units[slots:].tolist():
-        replace(heap, heap[0] + w)
-    return float(max(heap))
 
 
 def model_params(impl: str, pass_: str, *, deterministic: bool = True, record: Optional[dict] = None) -> dict:

@@ -19,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 import sparseattn._runtime as runtime  # noqa: E402
 
 runtime._BACKEND = "cuda"  # define the kernels as compiled JIT functions, not interpreted ones
-from sparseattn.kernels import decode, prefill_bwd, prefill_fwd, route, select, transpose  # noqa: E402
+from sparseattn.kernels import decode, merge, prefill_bwd, prefill_fwd, route, select, transpose  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 I32, BF16, F32, U8 = "*i32", "*bf16", "*fp32", "*u8"
@@ -63,7 +63,12 @@ def variants():
         for d in (64, 128):
             yield prefill_fwd.sparse_fwd_kernel, fwd, ("scale_log2",), dict(
                 HEAD_DIM=d, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128 if d == 128 else 64,
-                WARP_SPEC=False, desc_q=None, desc_k=None, desc_v=None, **mask)
+                WARP_SPEC=False, desc_q=None, desc_k=None, desc_v=None, TASKS=None, N_TASKS=None, WS_O=None,
+                WS_LSE=None, **mask)
+        # the split forward: tasks of sparseattn.balance.plan, partial states to a float32 workspace
+        yield prefill_fwd.sparse_fwd_kernel, {**fwd, "TASKS": I32, "N_TASKS": I32, "WS_O": F32, "WS_LSE": F32}, \
+            ("scale_log2",), dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128, WARP_SPEC=False,
+                                  desc_q=None, desc_k=None, desc_v=None, **mask)
         for atomic in (False, True):
             bwd = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, WS_K=F32, WS_V=F32,
                        Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32, **extra,
@@ -83,6 +88,9 @@ def variants():
             **({} if sel else {"SEL_INDEX": None, "SEL_COUNT": None}))
     yield decode.merge_splits_kernel, dict(O_PART=F32, LSE_PART=F32, O=BF16, LSE=F32), (), dict(
         HEAD_DIM=128, BLOCK_D=32, BLOCK_S=64)
+    for d in (64, 128):  # the split forward's merge (one slice of D per program)
+        yield merge.merge_rows_kernel, dict(WS_O=F32, WS_LSE=F32, MERGE=I32, N_MERGE=I32, O=BF16, LSE=F32), (), \
+            dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_D=64)
     yield select.page_bound_kernel, dict(Q=BF16, K_MIN=BF16, K_MAX=BF16, PAGE_TABLE=I32, SEQ_LENS=I32, SEQS=I32,
                                          BOUND=F32), (), dict(HEAD_DIM=128, PAGE_SIZE=16, BLOCK_G=16, BLOCK_P=64)
     for block_p in (512, 8192):

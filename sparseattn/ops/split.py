@@ -1,0 +1,62 @@
+"""The split forward's launch pieces: the task plan and its float32 workspace, the extra keyword arguments of
+the forward kernel, and the merge launch (:mod:`sparseattn.balance` plans; :mod:`sparseattn.kernels.merge`
+merges). No host sync: the plan's counts stay on the device, its capacities are shape-only."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .. import balance
+from ..layout import BlockLayout
+from . import _launch as L
+
+
+class SplitLaunch(NamedTuple):
+    plan: balance.Plan
+    ws_o: torch.Tensor  # float32 [B * Hq, ws slots, block_m, D]: partial o of split rows' chunks
+    ws_lse: torch.Tensor  # float32 [B * Hq, ws slots, block_m]: their natural-log LSE
+
+
+#: the forward kernel's split arguments when it runs the plain grid
+PLAIN = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, ws_cap=0)
+
+
+def prepare(layout: BlockLayout, block_m: int, split, B: int, Hq: int, D: int, device) -> SplitLaunch:
+    """The plan for ``B * Hq`` heads on this device's SMs and an (uninitialised) workspace of its capacity."""
+    plan = balance.plan(layout, block_m, split, B * Hq, L.num_sms(device))
+    slots = max(plan.ws_capacity, 1)
+    ws_o = torch.empty(B * Hq, slots, block_m, D, device=device, dtype=torch.float32)
+    ws_lse = torch.empty(B * Hq, slots, block_m, device=device, dtype=torch.float32)
+    return SplitLaunch(plan, ws_o, ws_lse)
+
+
+def kernel_kwargs(s: SplitLaunch) -> dict:
+    """The forward kernel's split arguments (``SPLIT`` follows from ``TASKS``)."""
+    return dict(TASKS=s.plan.tasks, N_TASKS=s.plan.n_tasks, WS_O=s.ws_o, WS_LSE=s.ws_lse,
+                ws_cap=s.ws_o.shape[1])
+
+
+def merge(s: SplitLaunch, o: torch.Tensor, lse: torch.Tensor, block_m: int) -> None:
+    """Merge the split rows' chunks into ``o`` and ``lse`` (rows of unsplit sub-tiles were written directly).
+    Skipped outright when the plan can have no split row (its workspace capacity is 0)."""
+    if s.plan.ws_capacity == 0:
+        return
+    from ..kernels import merge as M
+    B, Hq, Lq, D = o.shape
+    block_d = min(D, 64)
+    M.merge_rows_kernel[(s.plan.merge_capacity, B * Hq, D // block_d)](
+        WS_O=s.ws_o, WS_LSE=s.ws_lse, MERGE=s.plan.merge, N_MERGE=s.plan.n_merge, O=o, LSE=lse,
+        stride_ob=o.stride(0), stride_oh=o.stride(1), stride_om=o.stride(2), Hq=Hq, Lq=Lq, ws_cap=s.ws_o.shape[1],
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4)
+
+
+def check_split(name: str, split) -> None:
+    """``split`` of a config: None (plain grid), ``"auto"`` or an int >= 1 (listed tiles per task)."""
+    if split is None:
+        return
+    try:
+        balance._check_split(split)
+    except ValueError:
+        raise ValueError(f"{name}: split must be None (one program per row), 'auto' or an int >= 1 (listed "
+                         f"tiles per task), got {split!r}") from None
