@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import pathlib
 import sys
 import types
@@ -548,3 +549,46 @@ def test_routing_suite_on_cpu(cpu_stand_ins, tmp_path):
     assert [r.case["topk"] for r in bf.select(Impl.OURS, Pass.ROUTE, N=64, Hkv=2)] == [1, 2]
     assert [r.case["share"] for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1)] == ["none", "kv_head", "all"]
     assert [r.get("layout_heads") for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1)] == [2, 1, 1]
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_balance_suite_on_cpu(cpu_stand_ins):
+    from sparseattn.bench import balance as BB
+    cpu_stand_ins.setattr(BB, "CASES", {"documents lognormal": (2, 1), "routed skewed (synthetic)": (2, 1),
+                                        "causal H=1 N/4": (1, 0.25)})
+    cpu_stand_ins.setattr(BB, "SPLITS", ("auto", 1))
+    records, table, cols = BB.run(_args(n="256"))
+    bf = _check_run(BB, records, table, cols, (Impl.OURS, Pass.FWD), (Impl.OURS_SPLIT, Pass.FWD),
+                    (Impl.FLEX, Pass.FWD), (Impl.CUDNN, Pass.FWD), (Impl.OURS_SPLIT, Pass.FWD_GRAPH))
+    assert [r["case"] for r in table] == list(BB.CASES)
+    for name in BB.CASES:
+        plain = bf.one(Impl.OURS, Pass.FWD, case=name)
+        assert plain.ms > 0 and plain.get("ideal_ms") > 0 and plain.get("balance")["total_tiles"] > 0
+        for split in ("auto", 1):
+            r = bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=split)
+            assert r.ms > 0 and r.get("max_abs_diff_vs_plain") < 1e-4 and r.get("tasks") <= r.get("capacity")
+        if name != "causal H=1 N/4":  # 128 tokens: one tile, nothing to split
+            assert bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=1).get("merged_rows") > 0
+    g = bf.one(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case="routed skewed (synthetic)")
+    assert g.ms > 0 and g.get("graph_equals_eager") is True and g.get("host_sync_free") is True
+    # the ideal's calibration: equal rows, one record per (N, H)
+    assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
+        {(256, 2), (128, 1)}
+
+
+def test_balance_cases_are_skewed():
+    from sparseattn import balance
+    from sparseattn.bench import balance as BB
+    lens = BB.doc_lengths(65536)
+    assert int(lens.sum()) == 65536 and lens.max() > 8 * lens.median()  # heavy-tailed
+    layout = BB.case_layout("routed skewed (synthetic)", 4096, 2)
+    rows = (layout.kv_count + layout.full_count).flatten()
+    assert layout.H == 2 and rows.max() >= 4 * rows.float().median()
+    eq = BB.equal_rows_layout(8192)
+    assert set((eq.kv_count + eq.full_count).flatten().tolist()) == {BB.EQUAL_ROW_TILES}
+    r = balance.report(eq, 1, 16, split="auto")
+    # equal rows: the only tail is the last wave's quantisation (1024 programs on 132 SMs), nothing is split
+    assert r.makespan_plain == math.ceil(1024 / 132) * BB.EQUAL_ROW_TILES and r.merged_rows == 0
+    with pytest.raises(ValueError, match="case"):
+        BB.case_layout("nope", 256, 1)

@@ -32,6 +32,7 @@ class Impl:
     OURS = "sparseattn"  #: our kernels (deterministic backward where a backward runs)
     OURS_ATOMIC = "sparseattn-atomic"  #: our backward with atomically accumulated dQ
     OURS_NOSPLIT = "sparseattn-nosplit"  #: our backward without column splitting
+    OURS_SPLIT = "sparseattn-split"  #: our forward with long rows split into tasks and merged (FwdConfig.split)
     FLEX = "flex"  #: FlexAttention, compiled, on the same block mask
     CUDNN = "cudnn"  #: SDPA's CUDNN_ATTENTION backend (dense or causal)
     FA2 = "fa2"  #: SDPA's FLASH_ATTENTION backend (dense or causal)
@@ -39,7 +40,8 @@ class Impl:
     TORCH_EAGER = "torch eager (reference)"  #: an eager PyTorch reference of one of our kernels
     READ_CEILING = "read-ceiling"  #: one streaming read of the same bytes (a bandwidth ceiling)
     #: every name above
-    ALL = frozenset({OURS, OURS_ATOMIC, OURS_NOSPLIT, FLEX, CUDNN, FA2, NAIVE, TORCH_EAGER, READ_CEILING})
+    ALL = frozenset({OURS, OURS_ATOMIC, OURS_NOSPLIT, OURS_SPLIT, FLEX, CUDNN, FA2, NAIVE, TORCH_EAGER,
+                     READ_CEILING})
 
 
 class Pass:
@@ -47,6 +49,7 @@ class Pass:
     FWD = "fwd"  #: the forward pass
     BWD = "bwd"  #: the backward pass alone (from a kept forward)
     FWD_BWD = "fwd+bwd"  #: forward and backward
+    FWD_GRAPH = "fwd (CUDA graph)"  #: the forward replayed from a CUDA graph (a dynamic layout's fixed capacity)
     LAYOUT = "layout"  #: building a block table
     TRANSPOSE = "transpose"  #: transposing a block table on the device
     DECODE = "decode"  #: decode over the paged cache (all pages or a selection)
@@ -65,7 +68,8 @@ class Pass:
     TRAIN_STEP = "route+index+fwd+bwd"  #: a routed training step (forward and backward), eager
     TRAIN_STEP_GRAPH = "route+index+fwd+bwd (CUDA graph)"  #: the same training step from one CUDA graph
     #: every name above
-    ALL = frozenset({FWD, BWD, FWD_BWD, LAYOUT, TRANSPOSE, DECODE, DECODE_DENSE, DECODE_BLOCK_MASK, DECODE_GRAPH,
+    ALL = frozenset({FWD, BWD, FWD_BWD, FWD_GRAPH, LAYOUT, TRANSPOSE, DECODE, DECODE_DENSE, DECODE_BLOCK_MASK,
+                     DECODE_GRAPH,
                      SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, READ, ROUTE, INDEX, STEP, STEP_GRAPH,
                      TRAIN_STEP, TRAIN_STEP_GRAPH})
 

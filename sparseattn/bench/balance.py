@@ -1,0 +1,253 @@
+"""Suite ``balance``: the forward on skewed layouts, plain grid vs split rows (``FwdConfig.split``: "auto" and
+fixed chunks) vs FlexAttention on the same block mask and cuDNN on the causal envelope, each beside its
+*ideal* balanced time and the roofline's prediction.
+
+Cases (the load-balance issue's): documents with log-normal lengths packed into one sequence (64k and 128k
+tokens), causal and (64 sinks or a 1024 window), a synthetic routed layout with heavy-tailed per-row counts
+(a different selection per head), and causal at B=1 (16 heads at 64k; one head at 16k, a grid that does
+not fill the GPU). B=1, bf16, D=128, 128 x 128 tiles.
+
+``ideal_ms``: the per-tile time measured on a layout of long equal rows at the same length (32 full tiles
+per row: every program busy to the end, no tail) times the case's listed tiles. ``predicted_ms``: the
+roofline's prediction for the plain grid (:func:`sparseattn.roofline.cost`). Each of our rows also carries
+:func:`sparseattn.balance.report` (per-program tiles, makespan over the SMs, tail share) and, for the split
+rows, the chunk the planner chose and the tasks it made. The routed case is also captured in a CUDA graph
+on a dynamic layout of fixed capacity (``fwd (CUDA graph)``): replay time, the planner run under
+``torch.cuda.set_sync_debug_mode("error")`` (no host sync), capacity vs tasks used.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, List
+
+import torch
+
+from .. import _runtime
+from .. import balance as BAL
+from .. import patterns as P
+from ..layout import BlockLayout
+from ..ops import FwdConfig, sparse_attention
+from ..ops._launch import num_sms
+from ..ops.config import layout_default
+from . import _common as C
+from .record import Impl, Pass, Record
+
+NAME = "balance"
+DEFAULT_N = "65536"  # the documents case also runs at twice this (128k); --n sets the base length
+CONFIG_KIND = None
+BLOCK = 128
+EQUAL_ROW_TILES = 32  # tiles per row of the ideal's calibration layout
+SPLITS = ("auto", 16, 64)  # the split variants timed on every case
+COLUMNS = ["case", "N", "H", "plain_ms", "split_ms", "chunk", "best_split", "flex_ms", "cudnn_ms", "ideal_ms",
+           "pred_ms", "plain/ideal", "split/ideal", "flex/split", "tail_plain", "tail_split"]
+
+#: case name -> (query heads, length multiplier of --n)
+CASES = {"documents lognormal": (16, 1), "documents lognormal 2N": (16, 2), "causal&(sinks64|window1024)": (16, 1),
+         "routed skewed (synthetic)": (16, 1), "causal": (16, 1), "causal H=1 N/4": (1, 0.25)}
+
+
+def doc_lengths(N: int, seed: int = 0, median: int = 2048, sigma: float = 1.2) -> torch.Tensor:
+    """Document lengths drawn log-normal (``median``, log-space ``sigma``) until they fill ``N`` tokens; the
+    last one is cut to fit."""
+    g = torch.Generator().manual_seed(seed)
+    out, total = [], 0
+    while total < N:
+        n = max(1, int(math.exp(math.log(median) + sigma * float(torch.randn(1, generator=g)))))
+        n = min(n, N - total)
+        out.append(n)
+        total += n
+    return torch.tensor(out)
+
+
+def routed_block_mask(N: int, H: int, seed: int = 0, alpha: float = 1.1, base: int = 4) -> torch.Tensor:
+    """A synthetic routed selection ``[1, H, nq, nq]`` (causal): query tile i of head h keeps its diagonal
+    tile and ``min(i + 1, base * Pareto(alpha))`` earlier tiles at random, a heavy-tailed count per row (most
+    rows keep a few tiles, a few keep hundreds), different per head."""
+    g = torch.Generator().manual_seed(seed)
+    nq = math.ceil(N / BLOCK)
+    blocks = torch.zeros(1, H, nq, nq, dtype=torch.bool)
+    u = torch.rand(H, nq, generator=g)
+    counts = torch.clamp((base * (1 - u) ** (-1 / alpha)).long(), max=nq)
+    for h in range(H):
+        for i in range(nq):
+            keep = min(i + 1, int(counts[h, i]))
+            blocks[0, h, i, torch.randperm(i + 1, generator=g)[:keep]] = True
+            blocks[0, h, i, i] = True
+    return blocks
+
+
+def case_layout(name: str, N: int, H: int, device="cpu") -> BlockLayout:
+    """The layout of case ``name`` at length ``N`` (``H``: heads of the routed case's per-head selection)."""
+    if name.startswith("documents lognormal"):
+        ids = torch.repeat_interleave(torch.arange(len(lens := doc_lengths(N))), lens)
+        return BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.document(ids)), N, N, BLOCK, BLOCK,
+                                         device=device)
+    if name == "causal&(sinks64|window1024)":
+        return BlockLayout.from_mask_mod(P.sinks_window(64, 1024), N, N, BLOCK, BLOCK, device=device)
+    if name == "routed skewed (synthetic)":
+        return BlockLayout.from_block_mask(routed_block_mask(N, H), N, N, BLOCK, BLOCK,
+                                           mask_mod=P.causal()).to(device)
+    if name.startswith("causal"):
+        return BlockLayout.from_mask_mod(P.causal(), N, N, BLOCK, BLOCK, device=device)
+    raise ValueError(f"unknown balance case {name!r}; choose from {sorted(CASES)}")
+
+
+def equal_rows_layout(N: int, device="cpu", tiles: int = EQUAL_ROW_TILES) -> BlockLayout:
+    """Every query tile lists ``tiles`` full key tiles (a band that wraps around): equal work per program."""
+    nq = math.ceil(N / BLOCK)
+    i = torch.arange(nq)[:, None]
+    j = torch.arange(nq)[None, :]
+    blocks = ((i - j) % nq < min(tiles, nq))[None, None]
+    return BlockLayout.from_block_mask(blocks, N, N, BLOCK, BLOCK).to(device)
+
+
+def _listed(layout: BlockLayout, H: int) -> int:
+    """Listed tiles over all heads (a layout shared by the heads counts once per head)."""
+    return int(layout.kv_count.sum() + layout.full_count.sum()) * (H // layout.H)
+
+
+def _predicted(layout, H, D, impl="sparseattn") -> float:
+    try:
+        from .. import roofline
+        return roofline.cost(layout, dict(B=1, Hq=H, Hkv=H, D=D, dtype=torch.bfloat16), "fwd",
+                             impl=impl).predicted_ms
+    except Exception as e:  # noqa: BLE001 - a missing calibration must not stop the suite
+        C.note(f"roofline prediction ({impl}) failed: {type(e).__name__}: {str(e)[:160]}")
+        return None
+
+
+def run(args) -> tuple:
+    """Measure every case; return (records, table rows, table columns)."""
+    base_n = int(str(args.n).split(",")[0])
+    D = args.head_dim
+    dev = args.device
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    records, table = [], []
+    tile_ms = {}  # N -> measured ms per listed tile on equal rows (H heads)
+    sms = num_sms(torch.device(dev))  # what the ops plan with
+    with C.progress(len(CASES), NAME) as bar:
+        for name, (H, mult) in CASES.items():
+            N = max(BLOCK, int(base_n * mult))
+            bar.set_postfix_str(f"{name} N={N}")
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dtype) for _ in range(3))
+            if (N, H) not in tile_ms:
+                eq = equal_rows_layout(N, dev)
+                ms_eq = C.time_gpu(lambda: sparse_attention(q, k, v, eq))
+                tile_ms[(N, H)] = ms_eq / _listed(eq, H)
+                records.append(Record({"case": "equal rows", "N": N, "H": H, "B": 1, "D": D, "dtype": "bf16",
+                                       "tiles_per_row": EQUAL_ROW_TILES}, Impl.OURS, Pass.FWD, ms_eq,
+                                      {"tile_us": tile_ms[(N, H)] * 1e3, "listed_tiles": _listed(eq, H)}))
+            layout = case_layout(name, N, H, dev)
+            _case(args, name, N, H, D, q, k, v, layout, tile_ms[(N, H)], sms, records, table)
+            bar.update()
+            del q, k, v
+            C.empty_cache()
+    return records, table, COLUMNS
+
+
+def _time(fn: Callable):
+    try:
+        return C.time_gpu(fn), None
+    except Exception as e:  # noqa: BLE001 - out of memory or a refused shape: recorded, the suite goes on
+        return None, f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) -> None:
+    st = layout.stats()
+    listed = _listed(layout, H)
+    ideal = tile_ms * listed
+    case = {"case": name, "N": N, "H": H, "B": 1, "D": D, "dtype": "bf16", "block": BLOCK,
+            "listed_tiles": listed, "logical_density": st["logical_density"]}
+    pred = _predicted(layout, H, D)
+    o_plain = sparse_attention(q, k, v, layout)
+    ms_plain, err = _time(lambda: sparse_attention(q, k, v, layout))
+    rep_auto = BAL.report(layout.to("cpu"), 1, H, block_m=BLOCK, split="auto", sms=sms)
+    records.append(Record(case, Impl.OURS, Pass.FWD, ms_plain,
+                          {"ideal_ms": ideal, "predicted_ms": pred, "balance": rep_auto.to_json(),
+                           **({"error": err} if err else {})}))
+    row = {"case": name, "N": N, "H": H, "plain_ms": _r(ms_plain), "ideal_ms": _r(ideal), "pred_ms": _r(pred),
+           "plain/ideal": _ratio(ms_plain, ideal), "tail_plain": round(rep_auto.tail_plain, 3),
+           "tail_split": round(rep_auto.tail_split, 3)}
+    base_cfg = layout_default("fwd", q.device, _runtime.is_interpreter(), q.dtype, D, BLOCK, BLOCK)
+    best = None
+    for split in SPLITS:
+        cfg = FwdConfig(**{**C.config_dict(base_cfg), "split": split})
+        o = sparse_attention(q, k, v, layout, config=cfg)
+        diff = float((o.float() - o_plain.float()).abs().max())
+        ms, err = _time(lambda: sparse_attention(q, k, v, layout, config=cfg))
+        plan = BAL.plan(layout, cfg.block_m, split, H, sms)
+        rep = rep_auto if split == "auto" else BAL.report(layout.to("cpu"), 1, H, block_m=BLOCK, split=split,
+                                                            sms=sms)
+        records.append(Record({**case, "split": split}, Impl.OURS_SPLIT, Pass.FWD, ms,
+                              {"ideal_ms": ideal, "chunk": int(plan.chunk), "tasks": int(plan.n_tasks[0]),
+                               "capacity": plan.capacity, "merged_rows": int(plan.n_merge[0]),
+                               "max_abs_diff_vs_plain": diff, "makespan_tiles": rep.makespan_split,
+                               "tail": rep.tail_split, "config": C.config_dict(cfg),
+                               **({"error": err} if err else {})}))
+        if split == "auto":
+            row.update({"split_ms": _r(ms), "chunk": int(plan.chunk), "split/ideal": _ratio(ms, ideal)})
+        if ms is not None and (best is None or ms < best[0]):
+            best = (ms, split)
+    if best:
+        row["best_split"] = f"{best[1]}:{best[0]:.3f}"
+    if not args.no_flex:
+        ms_flex, err = _time(C.flex_fn(q, k, v, layout.to_flex()))
+        records.append(Record(case, Impl.FLEX, Pass.FWD, ms_flex,
+                              {"ideal_ms": ideal, "predicted_ms": _predicted(layout, H, D, "flex"),
+                               **({"error": err} if err else {})}))
+        row["flex_ms"] = _r(ms_flex)
+        row["flex/split"] = _ratio(ms_flex, best[0] if best else None)
+    ms_cudnn, err = _time(C.sdpa_fn(q, k, v, Impl.CUDNN, causal=True))  # every case lies inside causal
+    records.append(Record({**case, "envelope": "causal"}, Impl.CUDNN, Pass.FWD, ms_cudnn,
+                          {"error": err} if err else {}))
+    row["cudnn_ms"] = _r(ms_cudnn)
+    if name == "routed skewed (synthetic)":
+        _graph(q, k, v, layout, base_cfg, case, ideal, records)
+    table.append(row)
+
+
+def _graph(q, k, v, layout, base_cfg, case, ideal, records) -> None:
+    """The split forward on a dynamic layout of this one's capacity, in one CUDA graph: replay time, its output
+    against the eager call, the planner under sync-debug "error" (any host sync raises)."""
+    cfg = FwdConfig(**{**C.config_dict(base_cfg), "split": "auto"})
+    static = BlockLayout.with_capacity(layout.B, layout.H, layout.q_len, layout.kv_len, BLOCK, BLOCK,
+                                       width=layout.width, full_width=layout.full_width, mask_mod=layout.mask_mod,
+                                       device=q.device)
+    layout.copy_into(static)
+    extra = {"ideal_ms": ideal}
+    try:
+        eager = sparse_attention(q, k, v, static, config=cfg)
+        cuda = q.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            sparse_attention(q, k, v, static, config=cfg)
+            extra["host_sync_free"] = True
+        except RuntimeError as e:
+            extra["host_sync_free"] = False
+            extra["sync_error"] = str(e)[:300]
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+        out = torch.empty_like(q)
+        graph = C.graph_step(lambda: sparse_attention(q, k, v, static, config=cfg, out=out))
+        graph.replay()
+        C.synchronize(q.device)
+        extra["graph_equals_eager"] = bool(torch.equal(out, eager))
+        plan = BAL.plan(static, cfg.block_m, "auto", q.shape[1], num_sms(q.device))
+        extra.update(capacity=plan.capacity, tasks=int(plan.n_tasks[0]), ws_capacity=plan.ws_capacity)
+        ms, err = _time(graph.replay)
+    except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
+        ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+    records.append(Record({**case, "split": "auto"}, Impl.OURS_SPLIT, Pass.FWD_GRAPH, ms,
+                          {**extra, **({"error": err} if err else {})}))
+
+
+def _r(x, nd=3):
+    return None if x is None else round(x, nd)
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or b == 0 else round(a / b, 2)
