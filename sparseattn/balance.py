@@ -16,15 +16,17 @@ in ``include/flashinfer/attention/scheduler.cuh``): it binary-searches the small
 times the KV heads still fits ``max_grid_size`` (a few programs per SM), and splits only if that chunk is
 shorter than the longest row. FlashInfer does this on the host from CPU copies of the lengths. Here the
 same search runs on the device over the powers of two (the task count only falls as the chunk grows, so the
-first candidate that fits is the binary search's answer), and it is combined with a tail bound:
+first candidate that fits is the binary search's answer), with a second rule for grids that whole rows
+already fill:
 
-* *fill*: the smallest chunk ``c`` with ``B*Hq * tasks(c) <= FILL_WAVES * SMs`` (FlashInfer's rule: split
-  only when the plain grid would not fill the GPU a couple of times over); the whole row when none fits;
-* *tail*: the largest power of two ``c <= B*Hq * total_tiles / (TAIL_PARTS * SMs)``: no task longer than
-  ``1/TAIL_PARTS`` of an SM's balanced share, so dealing tasks to the SM that frees first ends at most that
-  share after the balanced time;
-* the chunk is the smaller of the two, never below ``MIN_CHUNK`` tiles (a task pays a Q load, a partial
-  write and a merge read: about one tile step of extra time at D = 128).
+* *fill* (whole rows would leave SMs idle: ``B*Hq * rows <= FILL_WAVES * SMs``): the smallest chunk ``c``
+  with ``B*Hq * tasks(c) <= FILL_WAVES * SMs`` -- FlashInfer's rule;
+* *tail* (many waves): the largest power of two ``c <= B*Hq * tiles per head / (TAIL_PARTS * SMs)``, no
+  task longer than ``1/TAIL_PARTS`` of an SM's balanced share; dealing tasks to the SM that frees first
+  then ends at most that share after the balanced time (Graham's list-scheduling bound);
+* never below ``MIN_CHUNK`` tiles (a task pays a Q load, a partial write and a merge read: about one tile
+  step at D = 128), and never so small that the split rows' tasks overflow the workspace: at most
+  ``WS_BUDGET_BYTES`` of float32 partial states (a shape-only capacity; the chunk is raised until they fit).
 
 A launch with many waves and rows well under an SM's share keeps the whole rows (no split, no merge).
 
@@ -49,7 +51,8 @@ __all__ = ["Plan", "plan", "capacity", "makespan", "BalanceReport", "report", "M
 
 MIN_CHUNK = 8  #: shortest split chunk (listed tiles) the auto rule picks
 FILL_WAVES = 2  #: the fill rule's target: tasks x heads <= FILL_WAVES x SMs (FlashInfer: blocks per SM x SMs)
-TAIL_PARTS = 4  #: the tail rule: no task longer than 1/TAIL_PARTS of an SM's balanced share
+TAIL_PARTS = 8  #: the tail rule: no task longer than 1/TAIL_PARTS of an SM's balanced share
+WS_BUDGET_BYTES = 512 * 2**20  #: the auto plan's float32 workspace, at most (unless the fill rule needs more)
 H200_SMS = 132  #: the report's default SM count
 _SIM_LIMIT = 2_000_000  # programs; above this the makespan uses its two-sided bound (mean and longest)
 
@@ -105,9 +108,14 @@ def _check_split(split) -> None:
 
 def _row_tiles(layout: BlockLayout, block_m: int) -> torch.Tensor:
     """Listed tiles of each kernel query sub-tile's row, the longest over the layout's B and H ([n_m], int64)."""
-    work = (layout.kv_count.long() + layout.full_count.long()).amax(dim=(0, 1))  # [nq]
+    return _head_row_tiles(layout, block_m).amax(dim=0)
+
+
+def _head_row_tiles(layout: BlockLayout, block_m: int) -> torch.Tensor:
+    """Listed tiles of each kernel query sub-tile's row per layout head ([LB * LH, n_m], int64)."""
+    work = (layout.kv_count.long() + layout.full_count.long()).flatten(0, 1)  # [LB * LH, nq]
     n_m = math.ceil(layout.q_len / block_m)
-    return work.repeat_interleave(layout.block_q // block_m)[:n_m]
+    return work.repeat_interleave(layout.block_q // block_m, dim=1)[:, :n_m]
 
 
 def _candidates(layout: BlockLayout) -> torch.Tensor:
@@ -120,42 +128,53 @@ def _candidates(layout: BlockLayout) -> torch.Tensor:
     return torch.bitwise_left_shift(torch.ones_like(exps), exps)
 
 
-def capacity(layout: BlockLayout, block_m: int, split: Union[int, str], heads: int, sms: int):
-    """``(tasks, workspace slots, merge entries)`` the plan may need, from shapes only. ``heads``: the programs
-    of one task (``B * Hq``). For ``"auto"``: the fill rule's chunk gives at most ``FILL_WAVES * sms / heads``
-    tasks; the tail rule's at most ``n_m + 2 * TAIL_PARTS * sms / heads`` (its chunk is over half the bound),
-    and split rows take at most twice their tiles over the chunk in tasks."""
+def capacity(layout: BlockLayout, block_m: int, split: Union[int, str], heads: int, sms: int,
+             head_dim: int = 128):
+    """``(tasks, workspace slots, merge entries)`` of the plan, from shapes only. ``heads``: the programs of one
+    task (``B * Hq``). Workspace slots: the tasks of split rows (each writes a partial state per head). A fixed
+    chunk may need every row split at it; ``"auto"`` gets at most ``WS_BUDGET_BYTES`` of workspace (but
+    never fewer slots than the fill rule's tasks) and picks no chunk whose split tasks would not fit. Tasks:
+    one per unsplit row plus the split rows' tasks."""
     _check_split(split)
     n_m = math.ceil(layout.q_len / block_m)
     longest = max(1, min(layout.width + layout.full_width, layout.nk))
+    per_row = math.ceil(longest / (MIN_CHUNK if split == "auto" else split))
+    most = n_m * per_row if per_row > 1 else 0  # every row split at the smallest chunk
+    ws = most
     if split == "auto":
-        fill = math.ceil(FILL_WAVES * sms / heads)
-        tail = math.ceil(2 * TAIL_PARTS * sms / heads)
-        tasks = max(n_m + tail, fill)
-        ws = max(fill, 2 * tail) if longest > MIN_CHUNK else 0
-    else:
-        per_row = math.ceil(longest / split)
-        tasks = n_m * per_row
-        ws = tasks if per_row > 1 else 0
-    return tasks, ws, max(1, min(n_m, ws // 2))
+        budget = WS_BUDGET_BYTES // (heads * block_m * (head_dim + 1) * 4)
+        ws = min(most, max(budget, math.ceil(FILL_WAVES * sms / heads)))
+    return n_m + ws, ws, max(1, min(n_m, ws // 2))
 
 
-def auto_chunk(layout: BlockLayout, block_m: int, heads: int, sms: int) -> torch.Tensor:
-    """The ``"auto"`` chunk (0-d int64 on the layout's device): the smaller of the fill and tail rules' chunks
-    (module docstring), computed on the device."""
-    lens = _row_tiles(layout, block_m)
+def auto_chunk(layout: BlockLayout, block_m: int, heads: int, sms: int, ws_slots: int) -> torch.Tensor:
+    """The ``"auto"`` chunk (0-d int64 on the layout's device), computed on the device: the fill rule's chunk
+    when whole rows would not fill the GPU, else the tail rule's (module docstring), raised to the smallest
+    chunk whose split tasks fit ``ws_slots`` workspace slots."""
+    lens = _row_tiles(layout, block_m)  # [n_m], the longest over the layout's heads: what a task covers
     cand = _candidates(layout)  # [C] ascending
-    tasks = torch.clamp((lens[None, :] + cand[:, None] - 1) // cand[:, None], min=1).sum(1)  # [C]
-    fits = heads * tasks <= FILL_WAVES * sms
-    # the first candidate that fits (the top one holds every row whole: no split when nothing fits)
-    first = torch.where(fits, torch.arange(cand.numel(), device=lens.device), cand.numel() - 1).amin()
-    c_fill = cand[first]
-    share = heads * lens.sum() / (TAIL_PARTS * sms)  # tiles: 1/TAIL_PARTS of an SM's balanced share
+    n_chunks = torch.clamp((lens[None, :] + cand[:, None] - 1) // cand[:, None], min=1)  # [C, n_m]
+    tasks = n_chunks.sum(1)  # [C]
+    split_tasks = torch.where(n_chunks > 1, n_chunks, 0).sum(1)  # [C]
+    idx = torch.arange(cand.numel(), device=lens.device)
+    last = cand.numel() - 1  # the top candidate holds every row whole
+
+    def first(ok):  # the index of the smallest candidate that satisfies ok (the top one when none does)
+        return torch.where(ok, idx, last).amin()
+    c_fill = cand[first(heads * tasks <= FILL_WAVES * sms)]
+    # an SM's balanced share, from each layout head's own total (heads may differ; the task list follows
+    # the longest, but the time follows the sum)
+    total = _head_row_tiles(layout, block_m).sum(1).double().mean()
+    share = heads * total / (TAIL_PARTS * sms)
     c_tail = torch.where(cand <= torch.clamp(share, min=MIN_CHUNK), cand, cand[0]).amax()
-    return torch.minimum(c_fill, c_tail)
+    c_mem = cand[first(split_tasks <= ws_slots)]
+    # a grid that whole rows would not fill takes the fill rule (FlashInfer's); a fuller one the tail rule
+    underfilled = heads * tasks[last] <= FILL_WAVES * sms
+    return torch.maximum(torch.where(underfilled, c_fill, c_tail), c_mem)
 
 
-def plan(layout: BlockLayout, block_m: int, split: Union[int, str], heads: int, sms: int) -> Plan:
+def plan(layout: BlockLayout, block_m: int, split: Union[int, str], heads: int, sms: int,
+         head_dim: int = 128) -> Plan:
     """The forward's task list for kernel query tiles of ``block_m`` rows (``heads`` = B * Hq programs per
     task, ``sms`` SMs). ``split``: listed tiles per task, or ``"auto"`` (module docstring). Built with device
     ops only (no host sync); cached per layout, rebuilt at every call for a dynamic layout."""
@@ -165,10 +184,10 @@ def plan(layout: BlockLayout, block_m: int, split: Union[int, str], heads: int, 
 
     def build() -> Plan:
         dev = layout.device
-        cap, ws_cap, merge_cap = capacity(layout, block_m, split, heads, sms)
+        cap, ws_cap, merge_cap = capacity(layout, block_m, split, heads, sms, head_dim)
         lens = _row_tiles(layout, block_m)  # [n_m]
         n_m = lens.numel()
-        chunk = auto_chunk(layout, block_m, heads, sms) if split == "auto" else \
+        chunk = auto_chunk(layout, block_m, heads, sms, ws_cap) if split == "auto" else \
             torch.full((), split, device=dev, dtype=torch.int64)
         n_chunks = torch.clamp((lens + chunk - 1) // chunk, min=1)  # [n_m]: an empty row is one (empty) task
         ends = torch.cumsum(n_chunks, 0)
@@ -196,7 +215,7 @@ def plan(layout: BlockLayout, block_m: int, split: Union[int, str], heads: int, 
                     .contiguous(), n_merge.to(torch.int32), chunk, cap, ws_cap, merge_cap)
     if layout.dynamic:
         return build()
-    return layout.plan(("balance_plan", block_m, split, heads, sms), build)
+    return layout.plan(("balance_plan", block_m, split, heads, sms, head_dim), build)
 
 
 # ---- the report --------------------------------------------------------------------------------------------
@@ -208,7 +227,9 @@ class BalanceReport:
 
     ``ideal`` = total tiles / SMs (every SM busy to the end, no overhead); ``makespan_*`` the finish time of
     the last program (:func:`makespan`); ``tail_*`` = (makespan - ideal) / makespan, the share of the launch
-    the average SM idles; ``hist_*``: tiles per program -> programs."""
+    the average SM idles; ``hist_*``: tiles per program -> programs. ``capacity``/``ws_capacity``: the plan's
+    shape-only task and workspace slots (per head); ``split_row_tasks``: the tasks that write a partial state
+    to the workspace (per head), each read back once by the merge."""
     sms: int
     heads: int
     block_m: int
@@ -226,6 +247,8 @@ class BalanceReport:
     makespan_split: float
     tail_split: float
     capacity: int
+    ws_capacity: int
+    split_row_tasks: int
     hist_plain: dict
     hist_split: dict
 
@@ -249,7 +272,7 @@ def _per_head_tiles(layout: BlockLayout, block_m: int, B: int, Hq: int) -> np.nd
 
 
 def program_tiles(layout: BlockLayout, B: int, Hq: int, block_m: int = 128, split: Union[int, str, None] = None,
-                  sms: int = H200_SMS) -> np.ndarray:
+                  sms: int = H200_SMS, head_dim: int = 128) -> np.ndarray:
     """Listed tiles of every program in dispatch order (heads outer, tasks inner, as the kernels launch):
     ``split=None`` the plain grid (one program per sub-tile, longest row first), else the plan's tasks (each
     task's slot range clipped to its head's row)."""
@@ -259,18 +282,19 @@ def program_tiles(layout: BlockLayout, B: int, Hq: int, block_m: int = 128, spli
         order = torch.argsort(work.repeat_interleave(layout.block_q // block_m)[:per.shape[1]], descending=True,
                               stable=True).numpy()
         return per[:, order].reshape(-1)
-    p = plan(layout.to("cpu"), block_m, split, B * Hq, sms)
+    p = plan(layout.to("cpu"), block_m, split, B * Hq, sms, head_dim)
     n = int(p.n_tasks[0])
     t = p.tasks[:n].long().numpy()
     return np.clip(np.minimum(per[:, t[:, 0]], t[None, :, 2]) - t[None, :, 1], 0, None).reshape(-1)
 
 
 def report(layout: BlockLayout, B: int = 1, Hq: Optional[int] = None, *, block_m: int = 128,
-           split: Union[int, str] = "auto", sms: int = H200_SMS, program_overhead: float = 0.0) -> BalanceReport:
+           split: Union[int, str] = "auto", sms: int = H200_SMS, program_overhead: float = 0.0,
+           head_dim: int = 128) -> BalanceReport:
     """The load-balance lab for ``layout`` with ``B`` sequences of ``Hq`` query heads (default: the layout's
     H) on ``sms`` SMs, kernel query tiles of ``block_m`` rows: per-program work of the plain grid and of the
-    ``split`` plan, makespans, the balanced ideal and the tail shares. Exact counts from the layout (runs on
-    the CPU; no kernel is launched)."""
+    ``split`` plan (``head_dim``: its workspace budget), makespans, the balanced ideal and the tail shares.
+    Exact counts from the layout (runs on the CPU; no kernel is launched)."""
     if not isinstance(layout, BlockLayout):
         raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
     Hq = layout.H if Hq is None else Hq
@@ -285,8 +309,8 @@ def report(layout: BlockLayout, B: int = 1, Hq: Optional[int] = None, *, block_m
         raise ValueError(f"program_overhead must be a number >= 0 (tiles), got {program_overhead!r}")
     _check_split(split)
     plain = program_tiles(layout, B, Hq, block_m, None, sms)
-    tasks = program_tiles(layout, B, Hq, block_m, split, sms)
-    p = plan(layout.to("cpu"), block_m, split, B * Hq, sms)
+    tasks = program_tiles(layout, B, Hq, block_m, split, sms, head_dim)
+    p = plan(layout.to("cpu"), block_m, split, B * Hq, sms, head_dim)
     total = int(plain.sum())
     ideal = total / sms
     ms_plain = makespan(plain + program_overhead, sms)
@@ -303,5 +327,6 @@ def report(layout: BlockLayout, B: int = 1, Hq: Optional[int] = None, *, block_m
                          longest_plain=int(plain.max()) if len(plain) else 0, makespan_plain=ms_plain,
                          tail_plain=tail(ms_plain), tasks_split=int(p.n_tasks[0]), merged_rows=int(p.n_merge[0]),
                          longest_split=int(tasks.max()) if len(tasks) else 0, makespan_split=ms_split,
-                         tail_split=tail(ms_split), capacity=p.capacity, hist_plain=hist(plain),
+                         tail_split=tail(ms_split), capacity=p.capacity, ws_capacity=p.ws_capacity,
+                         split_row_tasks=int(p.merge[:int(p.n_merge[0]), 2].sum()), hist_plain=hist(plain),
                          hist_split=hist(tasks))

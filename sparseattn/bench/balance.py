@@ -162,7 +162,7 @@ def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) ->
     pred = _predicted(layout, H, D)
     o_plain = sparse_attention(q, k, v, layout)
     ms_plain, err = _time(lambda: sparse_attention(q, k, v, layout))
-    rep_auto = BAL.report(layout.to("cpu"), 1, H, block_m=BLOCK, split="auto", sms=sms)
+    rep_auto = BAL.report(layout.to("cpu"), 1, H, block_m=BLOCK, split="auto", sms=sms, head_dim=D)
     records.append(Record(case, Impl.OURS, Pass.FWD, ms_plain,
                           {"ideal_ms": ideal, "predicted_ms": pred, "balance": rep_auto.to_json(),
                            **({"error": err} if err else {})}))
@@ -176,9 +176,9 @@ def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) ->
         o = sparse_attention(q, k, v, layout, config=cfg)
         diff = float((o.float() - o_plain.float()).abs().max())
         ms, err = _time(lambda: sparse_attention(q, k, v, layout, config=cfg))
-        plan = BAL.plan(layout, cfg.block_m, split, H, sms)
+        plan = BAL.plan(layout, cfg.block_m, split, H, sms, D)
         rep = rep_auto if split == "auto" else BAL.report(layout.to("cpu"), 1, H, block_m=BLOCK, split=split,
-                                                            sms=sms)
+                                                            sms=sms, head_dim=D)
         records.append(Record({**case, "split": split}, Impl.OURS_SPLIT, Pass.FWD, ms,
                               {"ideal_ms": ideal, "chunk": int(plan.chunk), "tasks": int(plan.n_tasks[0]),
                                "capacity": plan.capacity, "merged_rows": int(plan.n_merge[0]),
@@ -236,7 +236,7 @@ def _graph(q, k, v, layout, base_cfg, case, ideal, records) -> None:
         graph.replay()
         C.synchronize(q.device)
         extra["graph_equals_eager"] = bool(torch.equal(out, eager))
-        plan = BAL.plan(static, cfg.block_m, "auto", q.shape[1], num_sms(q.device))
+        plan = BAL.plan(static, cfg.block_m, "auto", q.shape[1], num_sms(q.device), q.shape[-1])
         extra.update(capacity=plan.capacity, tasks=int(plan.n_tasks[0]), ws_capacity=plan.ws_capacity)
         ms, err = _time(graph.replay)
     except Exception as e:  # noqa: BLE001 - recorded, the suite goes on

@@ -24,7 +24,7 @@ PLAIN = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, ws_cap=0)
 
 def prepare(layout: BlockLayout, block_m: int, split, B: int, Hq: int, D: int, device) -> SplitLaunch:
     """The plan for ``B * Hq`` heads on this device's SMs and an (uninitialised) workspace of its capacity."""
-    plan = balance.plan(layout, block_m, split, B * Hq, L.num_sms(device))
+    plan = balance.plan(layout, block_m, split, B * Hq, L.num_sms(device), D)
     slots = max(plan.ws_capacity, 1)
     ws_o = torch.empty(B * Hq, slots, block_m, D, device=device, dtype=torch.float32)
     ws_lse = torch.empty(B * Hq, slots, block_m, device=device, dtype=torch.float32)

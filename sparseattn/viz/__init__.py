@@ -18,6 +18,7 @@ COLORS = {
     Impl.OURS: "#d62728",
     Impl.OURS_ATOMIC: "#ff9896",
     Impl.OURS_NOSPLIT: "#e377c2",
+    Impl.OURS_SPLIT: "#8c0d0d",
     Impl.FLEX: "#1f77b4",
     Impl.CUDNN: "#2ca02c",
     Impl.FA2: "#9467bd",

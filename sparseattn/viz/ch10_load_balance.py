@@ -1,0 +1,180 @@
+"""Chapter 10, load balance: per-program work of the plain grid and of the split plan on the balance suite's
+layouts (exact, from the block tables, on the CPU), what splitting and a fixed capacity cost, the roofline's
+per-tile time for predicted milliseconds, and the recorded ``balance`` suite once it exists."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import numpy as np
+import plotly.graph_objects as go
+
+from .. import balance as BAL
+from .. import patterns as P
+from ..bench import balance as BB
+from ..bench.record import BenchFile, Impl, Pass
+from ..layout import BlockLayout
+from . import COLORS, Table
+
+__all__ = ["CASES", "case_report", "case_table", "cost_table", "histogram_figure", "tile_ms", "docs_layout",
+           "explorer_figure", "recorded_table", "D", "SMS"]
+
+CASES = list(BB.CASES)  #: the balance suite's cases, by name
+D = 128  #: head dim of the suite (the workspace of a split row is block_m x (D + 1) floats)
+SMS = BAL.H200_SMS
+BASE_N = int(BB.DEFAULT_N)
+
+
+def _n_heads(name: str):
+    H, mult = BB.CASES[name]
+    return max(BB.BLOCK, int(BASE_N * mult)), H
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(name: str) -> BlockLayout:
+    N, H = _n_heads(name)
+    return BB.case_layout(name, N, H, "cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def case_report(name: str, split="auto") -> BAL.BalanceReport:
+    """:func:`sparseattn.balance.report` of a suite case at its recorded shape (B=1, H200's 132 SMs)."""
+    N, H = _n_heads(name)
+    return BAL.report(_layout(name), 1, H, block_m=BB.BLOCK, split=split, sms=SMS, head_dim=D)
+
+
+def case_table(split="auto") -> Table:
+    """Per case: programs, the longest one, the balanced ideal, the makespans and tail shares of the plain grid
+    and of the split plan (all in tiles of 128 x 128)."""
+    rows = []
+    for name in CASES:
+        r = case_report(name, split)
+        N, H = _n_heads(name)
+        rows.append([name, N, H, r.programs_plain, r.longest_plain, f"{r.ideal:.0f}", f"{r.makespan_plain:.0f}",
+                     f"{r.tail_plain:.1%}", r.chunk, r.tasks_split * r.heads, f"{r.makespan_split:.0f}",
+                     f"{r.tail_split:.1%}"])
+    return Table(["case", "N", "heads", "programs", "longest program", "ideal", "makespan plain", "tail plain",
+                  "chunk", "split programs", "makespan split", "tail split"], rows,
+                 caption=f"Computed from the block tables (tiles 128, split={split!r}); times in tile steps per "
+                         f"SM on {SMS} SMs. Ideal = listed tiles / SMs; tail = (makespan - ideal) / makespan.")
+
+
+def merge_bytes(r: BAL.BalanceReport, head_dim: int = D) -> float:
+    """Workspace traffic of a split plan: each task of a split row writes ``block_m x (D + 1)`` floats (o and
+    LSE) and the merge reads them back once (the merge's O write replaces the direct one)."""
+    return 2.0 * r.split_row_tasks * r.heads * r.block_m * (head_dim + 1) * 4
+
+
+def kv_bytes(r: BAL.BalanceReport, head_dim: int = D, block_k: int = 128) -> float:
+    """K and V bytes the programs load (bf16), one tile of keys and values per listed tile and head."""
+    return 2.0 * r.total_tiles * block_k * head_dim * 2
+
+
+def cost_table(split="auto") -> Table:
+    """What the split plan costs per case: its workspace traffic against the K/V bytes of the tiles, and for a
+    CUDA graph the fixed capacity against the tasks this layout uses (programs that start and exit at once)
+    and the workspace the capacity reserves."""
+    rows = []
+    for name in CASES:
+        r = case_report(name, split)
+        ws_mb = r.ws_capacity * r.heads * r.block_m * (D + 1) * 4 / 2**20
+        rows.append([name, r.chunk, r.merged_rows, r.split_row_tasks, f"{merge_bytes(r) / kv_bytes(r):.2%}",
+                     r.capacity, r.tasks_split, f"{1 - r.tasks_split / r.capacity:.0%}", f"{ws_mb:.0f}"])
+    return Table(["case", "chunk", "split rows", "tasks of split rows", "merge traffic / K,V loads",
+                  "capacity (tasks)", "tasks used", "empty slots", "workspace reserved (MiB)"], rows,
+                 caption="Computed from the block tables and the planner's shape-only capacity (per head; bf16 "
+                         f"K/V, float32 workspace, D={D}, {SMS} SMs).")
+
+
+def histogram_figure(name: str, split="auto") -> go.Figure:
+    """Tiles per program for a suite case: the plain grid against the split plan, on a log count axis."""
+    r = case_report(name, split)
+    fig = go.Figure()
+    for hist, impl, label in ((r.hist_plain, Impl.OURS, "one program per row"),
+                              (r.hist_split, Impl.OURS_SPLIT, f"split, chunk {r.chunk}")):
+        xs = sorted(hist)
+        fig.add_trace(go.Bar(x=xs, y=[hist[x] for x in xs], name=label, marker_color=COLORS[impl], opacity=0.7))
+    top = max(max(r.hist_plain.values()), max(r.hist_split.values()))
+    fig.update_layout(barmode="overlay", height=430, title_font_size=14, legend=dict(orientation="h", y=-0.25),
+                      yaxis=dict(type="log", range=[-0.1, math.log10(top) + 0.2], title="programs (count)"),
+                      xaxis_title="listed tiles walked by one program",
+                      title=(f"{name}, N = {_n_heads(name)[0]}, {r.heads} heads: work per program<br><sup>"
+                             f"makespan {r.makespan_plain:.0f} -> {r.makespan_split:.0f} tile steps, ideal "
+                             f"{r.ideal:.0f} ({SMS} SMs); computed from the block table</sup>"))
+    return fig
+
+
+@functools.lru_cache(maxsize=None)
+def tile_ms(program_overhead: bool = True):
+    """The roofline's time of one full 128 x 128 tile step of the forward on one H200 SM (bf16, D=128) and its
+    per-program overhead in tile steps, from the calibrated ceilings record: ``(ms, overhead)``."""
+    from ..roofline import ceilings
+    from ..roofline.model import model_params
+    c = ceilings()
+    p = model_params("sparseattn", "fwd")
+    per_sm = c.matmul("bfloat16") * 1e12 * p["eff_compute"] / c.sm_count
+    return 4.0 * 128 * 128 * D / per_sm * 1e3, (p["program_overhead"] if program_overhead else 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def docs_layout(sigma: float, N: int = 32768, median: int = 1024) -> BlockLayout:
+    """Causal documents with log-normal lengths (log-space spread ``sigma``) packed into ``N`` tokens."""
+    lens = BB.doc_lengths(N, seed=1, median=median, sigma=sigma)
+    ids = np.repeat(np.arange(len(lens)), lens.numpy())
+    import torch
+    return BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.document(torch.from_numpy(ids))), N, N, 128, 128,
+                                     device="cpu")
+
+
+def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figure:
+    """The widget: documents with log-normal lengths at N = 32k, ``heads`` heads, a chunk size -> tiles per
+    program (plain and split) and the predicted time of both (makespan x the roofline's tile time, plus its
+    per-program overhead), beside the balanced ideal."""
+    layout = docs_layout(sigma)
+    ms, over = tile_ms()
+    r = BAL.report(layout, 1, heads, block_m=128, split=chunk, sms=SMS, program_overhead=over, head_dim=D)
+    fig = go.Figure()
+    for hist, impl, label in ((r.hist_plain, Impl.OURS, "one program per row"),
+                              (r.hist_split, Impl.OURS_SPLIT, f"split, chunk {r.chunk}")):
+        xs = sorted(hist)
+        fig.add_trace(go.Bar(x=xs, y=[hist[x] for x in xs], name=label, marker_color=COLORS[impl], opacity=0.7))
+    top = max(max(r.hist_plain.values()), max(r.hist_split.values()))
+    lens = BB.doc_lengths(32768, seed=1, median=1024, sigma=sigma)
+    fig.update_layout(
+        barmode="overlay", height=450, title_font_size=14, legend=dict(orientation="h", y=-0.25),
+        yaxis=dict(type="log", range=[-0.1, math.log10(top) + 0.2], title="programs (count)"),
+        xaxis_title="listed tiles walked by one program",
+        title=(f"{len(lens)} documents (longest {int(lens.max())} tokens), {heads} head(s), chunk {chunk!r}<br><sup>"
+               f"predicted: plain {r.makespan_plain * ms:.3f} ms, split {r.makespan_split * ms:.3f} ms, ideal "
+               f"{r.ideal * ms:.3f} ms (roofline tile time, {SMS} SMs)</sup>"))
+    return fig
+
+
+def recorded_table(bf: BenchFile) -> Table:
+    """The recorded ``balance`` suite: per case our plain grid, the split plan ("auto" and the best chunk),
+    FlexAttention and cuDNN on the causal envelope, beside the ideal balanced time and the prediction."""
+    rows = []
+    for name in bf.distinct("case", impl=Impl.OURS, pass_=Pass.FWD):
+        if name == "equal rows":
+            continue
+        plain = bf.one(Impl.OURS, Pass.FWD, case=name)
+        splits = bf.select(Impl.OURS_SPLIT, Pass.FWD, case=name)
+        auto = next((r for r in splits if r.case.get("split") == "auto"), None)
+        timed = [r for r in splits if r.ms is not None]
+        best = min(timed, key=lambda r: r.ms) if timed else None
+        flex = bf.select(Impl.FLEX, Pass.FWD, case=name)
+        cud = bf.select(Impl.CUDNN, Pass.FWD, case=name)
+        ideal = plain.get("ideal_ms")
+
+        def fmt(x: Optional[float]) -> str:
+            return "failed" if x is None else f"{x:.3f}"
+        rows.append([name, plain.case["N"], fmt(plain.ms), fmt(auto.ms if auto else None),
+                     f"{best.case['split']}: {best.ms:.3f}" if best else "failed",
+                     fmt(flex[0].ms) if flex else "not measured", fmt(cud[0].ms) if cud else "not measured",
+                     fmt(ideal), fmt(plain.get("predicted_ms")),
+                     f"{plain.ms / ideal:.2f}" if plain.ms and ideal else "",
+                     f"{best.ms / ideal:.2f}" if best and ideal else ""])
+    return Table(["case", "N", "plain (ms)", "split auto (ms)", "best split", "FlexAttention (ms)",
+                  "cuDNN causal (ms)", "ideal (ms)", "predicted (ms)", "plain / ideal", "best split / ideal"],
+                 rows, caption=f"Forward, bf16, D=128; {bf.caption()}")
