@@ -16,19 +16,23 @@ in ``include/flashinfer/attention/scheduler.cuh``): it binary-searches the small
 times the KV heads still fits ``max_grid_size`` (a few programs per SM), and splits only if that chunk is
 shorter than the longest row. FlashInfer does this on the host from CPU copies of the lengths. Here the
 same search runs on the device over the powers of two (the task count only falls as the chunk grows, so the
-first candidate that fits is the binary search's answer), with a second rule for grids that whole rows
-already fill:
+first candidate that fits is the binary search's answer), and a second rule bounds the tail; the chunk is
+the smaller of the two:
 
-* *fill* (whole rows would leave SMs idle: ``B*Hq * rows <= FILL_WAVES * SMs``): the smallest chunk ``c``
-  with ``B*Hq * tasks(c) <= FILL_WAVES * SMs`` -- FlashInfer's rule;
-* *tail* (many waves): the largest power of two ``c <= B*Hq * tiles per head / (TAIL_PARTS * SMs)``, no
-  task longer than ``1/TAIL_PARTS`` of an SM's balanced share; dealing tasks to the SM that frees first
-  then ends at most that share after the balanced time (Graham's list-scheduling bound);
+* *fill*: the smallest chunk ``c`` with ``B*Hq * tasks(c) <= FILL_WAVES * SMs`` (the whole row when even
+  whole rows exceed that) -- FlashInfer's rule: split while the grid would leave SMs idle;
+* *tail*: the largest power of two ``c <= B*Hq * tiles per head / (parts * SMs)``: no task
+  longer than ``1/parts`` of an SM's balanced share. Dealing tasks to the SM that frees first ends at most
+  one task after the balanced time (Graham's list-scheduling bound). When one layout head serves every
+  head (``B = H = 1``) the launch is longest first for each of them, the programs that finish last are
+  short, and only a row longer than a whole share can set the time (``parts = TAIL_PARTS_LPT = 1``); when
+  the heads' rows differ, one launch order cannot be longest first for all, and the bound is what is left
+  (``parts = TAIL_PARTS = 8``);
 * never below ``MIN_CHUNK`` tiles (a task pays a Q load, a partial write and a merge read: about one tile
   step at D = 128), and never so small that the split rows' tasks overflow the workspace: at most
   ``WS_BUDGET_BYTES`` of float32 partial states (a shape-only capacity; the chunk is raised until they fit).
 
-A launch with many waves and rows well under an SM's share keeps the whole rows (no split, no merge).
+A launch of many waves whose rows are all well under an SM's share keeps its whole rows (no split, no merge).
 
 :func:`report` is the load-balance lab: the per-program work (tiles) of the plain grid and of the split plan
 in dispatch order, their makespans over the SMs (:func:`makespan`), the balanced ideal and the tail share.
@@ -46,12 +50,13 @@ import torch
 
 from .layout import BlockLayout
 
-__all__ = ["Plan", "plan", "capacity", "makespan", "BalanceReport", "report", "MIN_CHUNK", "FILL_WAVES",
-           "TAIL_PARTS", "H200_SMS"]
+__all__ = ["Plan", "plan", "capacity", "auto_chunk", "makespan", "BalanceReport", "report", "program_tiles",
+           "MIN_CHUNK", "FILL_WAVES", "TAIL_PARTS", "TAIL_PARTS_LPT", "WS_BUDGET_BYTES", "H200_SMS"]
 
 MIN_CHUNK = 8  #: shortest split chunk (listed tiles) the auto rule picks
 FILL_WAVES = 2  #: the fill rule's target: tasks x heads <= FILL_WAVES x SMs (FlashInfer: blocks per SM x SMs)
-TAIL_PARTS = 8  #: the tail rule: no task longer than 1/TAIL_PARTS of an SM's balanced share
+TAIL_PARTS = 8  #: the tail rule when the layout's heads differ: no task over 1/TAIL_PARTS of an SM's share
+TAIL_PARTS_LPT = 1  #: ... when one layout head serves all: the launch is longest first for every head
 WS_BUDGET_BYTES = 512 * 2**20  #: the auto plan's float32 workspace, at most (unless the fill rule needs more)
 H200_SMS = 132  #: the report's default SM count
 _SIM_LIMIT = 2_000_000  # programs; above this the makespan uses its two-sided bound (mean and longest)
@@ -148,9 +153,9 @@ def capacity(layout: BlockLayout, block_m: int, split: Union[int, str], heads: i
 
 
 def auto_chunk(layout: BlockLayout, block_m: int, heads: int, sms: int, ws_slots: int) -> torch.Tensor:
-    """The ``"auto"`` chunk (0-d int64 on the layout's device), computed on the device: the fill rule's chunk
-    when whole rows would not fill the GPU, else the tail rule's (module docstring), raised to the smallest
-    chunk whose split tasks fit ``ws_slots`` workspace slots."""
+    """The ``"auto"`` chunk (0-d int64 on the layout's device), computed on the device: the smaller of the fill
+    and tail rules' chunks (module docstring), raised to the smallest chunk whose split tasks fit
+    ``ws_slots`` workspace slots."""
     lens = _row_tiles(layout, block_m)  # [n_m], the longest over the layout's heads: what a task covers
     cand = _candidates(layout)  # [C] ascending
     n_chunks = torch.clamp((lens[None, :] + cand[:, None] - 1) // cand[:, None], min=1)  # [C, n_m]
@@ -165,12 +170,11 @@ def auto_chunk(layout: BlockLayout, block_m: int, heads: int, sms: int, ws_slots
     # an SM's balanced share, from each layout head's own total (heads may differ; the task list follows
     # the longest, but the time follows the sum)
     total = _head_row_tiles(layout, block_m).sum(1).double().mean()
-    share = heads * total / (TAIL_PARTS * sms)
+    parts = TAIL_PARTS if layout.B * layout.H > 1 else TAIL_PARTS_LPT
+    share = heads * total / (parts * sms)
     c_tail = torch.where(cand <= torch.clamp(share, min=MIN_CHUNK), cand, cand[0]).amax()
     c_mem = cand[first(split_tasks <= ws_slots)]
-    # a grid that whole rows would not fill takes the fill rule (FlashInfer's); a fuller one the tail rule
-    underfilled = heads * tasks[last] <= FILL_WAVES * sms
-    return torch.maximum(torch.where(underfilled, c_fill, c_tail), c_mem)
+    return torch.maximum(torch.minimum(c_fill, c_tail), c_mem)
 
 
 def plan(layout: BlockLayout, block_m: int, split: Union[int, str], heads: int, sms: int,

@@ -222,7 +222,7 @@ def test_auto_plan_within_capacity_on_random_rows(lens, heads, sms):
     p = _check_plan(layout, 16, "auto", heads, sms)
     chunk, total = int(p.chunk), sum(lens)
     assert chunk >= balance.MIN_CHUNK
-    share = heads * total / (balance.TAIL_PARTS * sms)  # the tail rule's bound (its chunk: a power of two)
+    share = heads * total / (balance.TAIL_PARTS_LPT * sms)  # the tail rule's bound, one layout head
     if heads * nq > balance.FILL_WAVES * sms and max(lens) <= max(balance.MIN_CHUNK, share / 2):
         assert int(p.n_merge[0]) == 0, "many waves and no row over half its share: nothing to split"
     if max(lens) > max(chunk, balance.MIN_CHUNK):
