@@ -572,6 +572,9 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
             assert bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=1).get("merged_rows") > 0
     g = bf.one(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case="routed skewed (synthetic)")
     assert g.ms > 0 and g.get("graph_equals_eager") is True and g.get("host_sync_free") is True
+    from sparseattn.viz import ch10_load_balance as V  # what chapter 10 shows once the suite is recorded
+    t = V.recorded_table(bf)
+    assert t.column("case") == list(BB.CASES) and "failed" not in str(t.rows)
     # the ideal's calibration: equal rows, one record per (N, H)
     assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
         {(256, 2), (128, 1)}

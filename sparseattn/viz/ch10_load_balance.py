@@ -87,6 +87,13 @@ def cost_table(split="auto") -> Table:
                          f"K/V, float32 workspace, D={D}, {SMS} SMs).")
 
 
+def _count_range(r: BAL.BalanceReport) -> list:
+    """A log count axis that stays near the bars: from a third of a decade under the smallest to a fifth
+    over the largest."""
+    counts = list(r.hist_plain.values()) + list(r.hist_split.values())
+    return [math.log10(min(counts)) - 0.3, math.log10(max(counts)) + 0.2]
+
+
 def histogram_figure(name: str, split="auto") -> go.Figure:
     """Tiles per program for a suite case: the plain grid against the split plan, on a log count axis."""
     r = case_report(name, split)
@@ -95,9 +102,8 @@ def histogram_figure(name: str, split="auto") -> go.Figure:
                               (r.hist_split, Impl.OURS_SPLIT, f"split, chunk {r.chunk}")):
         xs = sorted(hist)
         fig.add_trace(go.Bar(x=xs, y=[hist[x] for x in xs], name=label, marker_color=COLORS[impl], opacity=0.7))
-    top = max(max(r.hist_plain.values()), max(r.hist_split.values()))
     fig.update_layout(barmode="overlay", height=430, title_font_size=14, legend=dict(orientation="h", y=-0.25),
-                      yaxis=dict(type="log", range=[-0.1, math.log10(top) + 0.2], title="programs (count)"),
+                      yaxis=dict(type="log", range=_count_range(r), title="programs (count)"),
                       xaxis_title="listed tiles walked by one program",
                       title=(f"{name}, N = {_n_heads(name)[0]}, {r.heads} heads: work per program<br><sup>"
                              f"makespan {r.makespan_plain:.0f} -> {r.makespan_split:.0f} tile steps, ideal "
@@ -139,11 +145,10 @@ def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figu
                               (r.hist_split, Impl.OURS_SPLIT, f"split, chunk {r.chunk}")):
         xs = sorted(hist)
         fig.add_trace(go.Bar(x=xs, y=[hist[x] for x in xs], name=label, marker_color=COLORS[impl], opacity=0.7))
-    top = max(max(r.hist_plain.values()), max(r.hist_split.values()))
     lens = BB.doc_lengths(32768, seed=1, median=1024, sigma=sigma)
     fig.update_layout(
         barmode="overlay", height=450, title_font_size=14, legend=dict(orientation="h", y=-0.25),
-        yaxis=dict(type="log", range=[-0.1, math.log10(top) + 0.2], title="programs (count)"),
+        yaxis=dict(type="log", range=_count_range(r), title="programs (count)"),
         xaxis_title="listed tiles walked by one program",
         title=(f"{len(lens)} documents (longest {int(lens.max())} tokens), {heads} head(s), chunk {chunk!r}<br><sup>"
                f"predicted: plain {r.makespan_plain * ms:.3f} ms, split {r.makespan_split * ms:.3f} ms, ideal "

@@ -51,9 +51,10 @@ def test_split_matches_reference_and_plain(name, dtype):
         assert ((o.float() - plain.float()).abs().max()).item() < (2e-2 if dtype == torch.bfloat16 else 1e-5)
         again = sa.sparse_attention(q, k, v, layout, config=_cfg(q, layout, split))
         assert torch.equal(o, again), f"split={split}: not bitwise repeatable"
-    auto = balance.plan(layout, fwd_config(q, layout).block_m, "auto", H, torch.cuda.get_device_properties(0)
-                        .multi_processor_count)
-    assert int(auto.n_merge[0]) > 0, "two heads at 5000 tokens underfill an H200: auto should split"
+    if name == "causal":
+        auto = balance.plan(layout, fwd_config(q, layout).block_m, "auto", H,
+                            torch.cuda.get_device_properties(0).multi_processor_count, D)
+        assert int(auto.n_merge[0]) > 0, "two heads at 5000 tokens underfill an H200: auto should split"
 
 
 def test_split_forward_in_one_graph_follows_copy_into_without_host_sync():
