@@ -31,7 +31,8 @@ class FwdConfig:
     an int runs tasks of at most that many listed tiles (longer rows are split, their chunks' partial states
     merged in a fixed order: deterministic); ``"auto"`` lets :mod:`sparseattn.balance` pick the chunk on the
     device (FlashInfer's fill rule and a tail bound). The default stays the plain grid until the balance
-    suite's H200 timings show where splitting pays."""
+    suite's H200 timings show where splitting pays. Only the forward splits rows: the backward's dK/dV pass
+    cuts long columns by itself (``BwdConfig.chunk``), its dQ pass walks whole rows."""
     block_m: int
     block_n: int
     num_warps: int
