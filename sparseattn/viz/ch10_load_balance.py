@@ -160,7 +160,8 @@ def recorded_table(bf: BenchFile) -> Table:
     """The recorded ``balance`` suite: per case our plain grid, the split plan ("auto" and the best chunk),
     FlexAttention and cuDNN on the causal envelope, beside the ideal balanced time and the prediction."""
     rows = []
-    for name in bf.distinct("case", impl=Impl.OURS, pass_=Pass.FWD):
+    names = dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.FWD))  # in the suite's order
+    for name in names:
         if name == "equal rows":
             continue
         plain = bf.one(Impl.OURS, Pass.FWD, case=name)
