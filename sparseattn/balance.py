@@ -161,19 +161,18 @@ def auto_chunk(layout: BlockLayout, block_m: int, heads: int, sms: int, ws_slots
     n_chunks = torch.clamp((lens[None, :] + cand[:, None] - 1) // cand[:, None], min=1)  # [C, n_m]
     tasks = n_chunks.sum(1)  # [C]
     split_tasks = torch.where(n_chunks > 1, n_chunks, 0).sum(1)  # [C]
-    idx = torch.arange(cand.numel(), device=lens.device)
-    last = cand.numel() - 1  # the top candidate holds every row whole
+    top = cand[-1]  # holds every row whole
 
-    def first(ok):  # the index of the smallest candidate that satisfies ok (the top one when none does)
-        return torch.where(ok, idx, last).amin()
-    c_fill = cand[first(heads * tasks <= FILL_WAVES * sms)]
+    def first(ok):  # the smallest candidate that satisfies ok (the top one when none does); no indexing by a
+        return torch.where(ok, cand, top).amin()  # device scalar, which would read it back to the host
+    c_fill = first(heads * tasks <= FILL_WAVES * sms)
     # an SM's balanced share, from each layout head's own total (heads may differ; the task list follows
     # the longest, but the time follows the sum)
     total = _head_row_tiles(layout, block_m).sum(1).double().mean()
     parts = TAIL_PARTS if layout.B * layout.H > 1 else TAIL_PARTS_LPT
     share = heads * total / (parts * sms)
     c_tail = torch.where(cand <= torch.clamp(share, min=MIN_CHUNK), cand, cand[0]).amax()
-    c_mem = cand[first(split_tasks <= ws_slots)]
+    c_mem = first(split_tasks <= ws_slots)
     return torch.maximum(torch.minimum(c_fill, c_tail), c_mem)
 
 
