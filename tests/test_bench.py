@@ -415,6 +415,35 @@ def test_decode_keep_suite_on_cpu(cpu_stand_ins):
     assert [r.case["keep"] for r in bf.select(Impl.OURS, Pass.SELECT_DECODE_GRAPH, B=1)] == [0.25, 1.0]
 
 
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_host_suite_on_cpu(cpu_stand_ins):
+    from sparseattn.bench import host
+    cpu_stand_ins.setattr(host, "HOST_CALLS", 2)
+    cpu_stand_ins.setattr(host, "PROFILE_N", 128)
+    records, table, cols = host.run(_args(n="128", patterns="window1024,random10%+diag"))
+    bf = _check_run(host, records, table, cols, *[(i, p) for i in (Impl.OURS, Impl.FLEX, Impl.CUDNN)
+                                                  for p in (Pass.FWD, Pass.BWD)])
+    assert len(table) == 4 and all(row["ours_host_us"] > 0 for row in table)
+    ours = bf.one(Impl.OURS, Pass.BWD, pattern="window1024")
+    assert ours.get("host_syncs") == "not checked" and ours.get("device_ms") > 0
+    prof = ours.get("profile")
+    assert 0 < len(prof) <= host.PROFILE_TOP and prof[0]["own_us"] >= prof[-1]["own_us"]
+    assert all(r["function"].endswith(")") and ":" in r["function"] and r["calls"] > 0 for r in prof)
+    assert bf.one(Impl.CUDNN, Pass.FWD, pattern="random10%+diag").get("envelope") == "dense"
+
+
+def test_host_time_counts_calls_without_syncing(monkeypatch):
+    from sparseattn.bench import host
+    calls, syncs = [], []
+    monkeypatch.setattr(C, "synchronize", lambda device: syncs.append(len(calls)))
+    assert host.host_us(lambda: calls.append(1), "cpu", calls=10) > 0
+    assert len(calls) == 11 and syncs == [1, 11]  # drained before the clock, once after; none in between
+    from sparseattn._checks import check_int
+    prof = host.host_profile(lambda: check_int("n", 3), "cpu", calls=5)
+    assert any(r["function"].startswith("sparseattn/_checks.py:") for r in prof)  # paths shortened to the package
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the book's side: figures read recorded files only through the loader
 # ---------------------------------------------------------------------------------------------------------

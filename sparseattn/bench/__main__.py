@@ -12,9 +12,11 @@ every row with the cost model's ``predicted_ms``; ``--part fwd,decode`` and ``--
 10-minute run, ``--merge`` joins them), ``errors`` (error distributions against a float64 reference vs
 length and dtype, for ours, FlexAttention and cuDNN; bitwise repeatability and the atomic backward's spread), ``routing`` (content routing + attention, each term and the whole step
 eager and in one CUDA graph, against the FlexAttention pipeline: compiled pooling/scores/top-k, ``BlockMask.from_kv_blocks``,
-compiled ``flex_attention``; overhead share vs N, recall vs top-k, reuse), ``balance`` (the forward on skewed
-layouts: plain grid vs split rows vs FlexAttention and cuDNN, beside the ideal balanced time and the roofline's
-prediction; the split forward in a CUDA graph).
+compiled ``flex_attention``; overhead share vs N, recall vs top-k, reuse), ``host`` (where one eager call's
+time goes at N <= 4k: event-timed, CUDA-graph device time, host time per call, kernels per call, host syncs,
+and a function-level profile of our call, for ours, FlexAttention and cuDNN, forward and backward),
+``balance`` (the forward on skewed layouts: plain grid vs split rows vs FlexAttention and cuDNN, beside the
+ideal balanced time and the roofline's prediction; the split forward in a CUDA graph).
 
 ``--sweep`` (prefill, backward, decode) also times a set of kernel configs and writes
 ``<suite>-sweep-<gpu>.json`` (every row, the sweep's included) and ``<suite>-defaults-<gpu>.json`` (the best
@@ -35,7 +37,7 @@ from . import _common as C
 #: suite name -> module (imported when the suite runs)
 SUITES = {"prefill": "prefill", "layout": "layout_build", "backward": "backward", "decode": "decode",
           "decode_keep": "decode_keep", "crossover": "crossover", "errors": "errors", "routing": "routing",
-          "balance": "balance"}
+          "host": "host", "balance": "balance"}
 
 
 def suite_module(name: str):

@@ -1,0 +1,194 @@
+"""Suite ``host``: where the time of one eager call goes at short sequences.
+
+At N <= 4k a sparse kernel runs for tens of microseconds, so a call can cost more on the host (argument
+checks, config lookup, building kernel arguments, Triton's launcher, small torch ops) than on the device.
+For each (pattern, N, pass) and each implementation (ours, FlexAttention compiled on the same block mask,
+cuDNN on the pattern's causal envelope) this suite records:
+
+* ``ms`` — back-to-back eager calls timed by CUDA events, as every other suite times them (a call whose host
+  work outlasts its kernels is timed at its host rate);
+* ``device_ms`` — the same call replayed from one CUDA graph: the device time alone, no host work;
+* ``host_us`` — host wall time per call: ``n`` calls issued without a synchronisation, divided by ``n``
+  (the launch queue never fills at these sizes, so this is the host's cost of one call);
+* ``launches`` — CUDA kernels per call (``torch.profiler``), and ``host_syncs`` — whether the call
+  synchronises with the host (``torch.cuda.set_sync_debug_mode("error")``; catches torch's syncs, such
+  as ``.item()`` and ``nonzero``, not a driver call made by Triton).
+
+For our op at one length it also records a ``cProfile`` of ``n`` calls: the functions with the most own
+time, in microseconds per call (``profile`` in the row), so the host path can be cut where it is spent.
+"""
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+from typing import Callable, List, Optional
+
+import torch
+
+from ..ops import sparse_attention
+from . import _common as C
+from .cases import dense_pattern_of, prefill_layout
+from .record import Impl, Pass, Record
+
+NAME = "host"
+DEFAULT_N = "1024,2048,4096"
+CONFIG_KIND = None
+PATTERNS = ["window1024", "sinks64+window1024", "causal", "random10%+diag"]
+PROFILE_N = 2048  # the length whose host path is profiled function by function
+HOST_CALLS = 200  # calls per host-time measurement
+PROFILE_TOP = 15
+COLUMNS = ["pattern", "N", "pass", "ours_ms", "ours_dev_ms", "ours_host_us", "ours_launches", "flex_ms",
+           "flex_host_us", "cudnn_ms", "cudnn_host_us", "flex/ours"]
+
+
+def host_us(fn: Callable, device, calls: Optional[int] = None) -> float:
+    """Host microseconds per call of ``fn``: ``calls`` (default :data:`HOST_CALLS`) calls issued back to
+    back, no synchronisation between them, the device drained before the clock starts."""
+    calls = calls or HOST_CALLS
+    fn()
+    C.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    C.synchronize(device)
+    return (t1 - t0) / calls * 1e6
+
+
+def kernel_launches(fn: Callable, device, calls: int = 5) -> Optional[float]:
+    """Device kernels per call of ``fn`` (``torch.profiler``); None off CUDA."""
+    if torch.device(device).type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    C.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        C.synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    return len(kernels) / calls
+
+
+def host_syncs(fn: Callable, device) -> str:
+    """``"none"`` if ``fn`` runs under ``set_sync_debug_mode("error")``, else the first line of the error
+    (which names the synchronising op); ``"not checked"`` off CUDA."""
+    if torch.device(device).type != "cuda":
+        return "not checked"
+    fn()
+    torch.cuda.synchronize()
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return "none"
+    except RuntimeError as e:
+        return str(e).splitlines()[0][:200]
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+
+
+def host_profile(fn: Callable, device, calls: Optional[int] = None, top: int = PROFILE_TOP) -> List[dict]:
+    """The ``top`` functions by own time over ``calls`` calls of ``fn``: ``{"function", "own_us",
+    "cum_us", "calls"}`` per call of ``fn`` (``function`` is ``file:line(name)`` with the path shortened to
+    the package)."""
+    calls = calls or HOST_CALLS
+    fn()
+    C.synchronize(device)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    C.synchronize(device)
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    rows = []
+    for (path, line, name), (_, nc, tt, ct, _) in stats.items():
+        short = path.split("site-packages/", 1)[-1]
+        if "/sparseattn/" in short:
+            short = "sparseattn/" + short.split("/sparseattn/", 1)[1]
+        rows.append({"function": f"{short}:{line}({name})", "own_us": tt / calls * 1e6, "cum_us": ct / calls * 1e6,
+                     "calls": nc / calls})
+    rows.sort(key=lambda r: -r["own_us"])
+    return rows[:top]
+
+
+def _measure(fn: Callable, device) -> dict:
+    """Every number of one (implementation, case): ms, device_ms, host_us, launches, host_syncs."""
+    ms = C.time_gpu(fn)
+    graph = C.graph_step(fn)
+    out = {"ms": ms, "device_ms": C.time_gpu(graph.replay), "host_us": host_us(fn, device),
+           "launches": kernel_launches(fn, device), "host_syncs": host_syncs(fn, device)}
+    del graph
+    return out
+
+
+def _fwd_bwd(make: Callable, q, k, v, do):
+    """``(forward call, backward call)`` of an attention ``make(q, k, v)``; the backward recomputes the
+    gradients of q, k, v from one kept forward (:func:`C.grad_fn`)."""
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    return (lambda: make(q, k, v)), C.grad_fn(lambda: make(qg, kg, vg), (qg, kg, vg), do)
+
+
+def run(args) -> tuple:
+    """Measure every (N, pattern, pass); return (records, table rows, table columns)."""
+    dev = args.device
+    H, D, dtype = args.heads, args.head_dim, torch.bfloat16
+    Ns = [int(x) for x in args.n.split(",")]
+    patterns = args.patterns.split(",") if args.patterns else PATTERNS
+    records, table = [], []
+    with C.progress(len(Ns) * len(patterns), NAME) as bar:
+        for N in Ns:
+            torch.manual_seed(0)
+            q, k, v, do = (torch.randn(1, H, N, D, device=dev, dtype=dtype) for _ in range(4))
+            base = dict(N=N, B=1, H=H, D=D, dtype="bf16")
+            for pattern in patterns:
+                bar.set_postfix_str(f"{pattern} N={N}")
+                layout = prefill_layout(pattern, N, device=dev)
+                st = layout.stats()
+                case = {**base, "pattern": pattern, "block": 128, "tiles": st["listed_tiles"]}
+                impls = {Impl.OURS: lambda a, b, c, lay=layout: sparse_attention(a, b, c, lay)}
+                if not args.no_flex:
+                    block_mask = layout.to_flex()
+                    flex = C.compiled_flex()
+                    impls[Impl.FLEX] = lambda a, b, c, bm=block_mask: flex(a, b, c, block_mask=bm)
+                envelope = dense_pattern_of(pattern)
+                impls[Impl.CUDNN] = lambda a, b, c, causal=(envelope == "causal"): C.sdpa_fn(a, b, c, Impl.CUDNN,
+                                                                                              causal)()
+                for pass_ in (Pass.FWD, Pass.BWD):
+                    row = {"pattern": pattern, "N": N, "pass": pass_}
+                    got = {}
+                    for impl, make in impls.items():
+                        fwd, bwd = _fwd_bwd(make, q, k, v, do)
+                        fn = fwd if pass_ == Pass.FWD else bwd
+                        try:
+                            m = _measure(fn, dev)
+                        except RuntimeError as e:  # a backend that refuses the shape
+                            C.note(f"{impl} {pass_} {pattern} N={N}: {type(e).__name__}: {str(e)[:160]}")
+                            continue
+                        extra = {k_: v_ for k_, v_ in m.items() if k_ != "ms"}
+                        if impl == Impl.CUDNN:
+                            extra["envelope"] = envelope
+                        if impl == Impl.OURS and N == PROFILE_N:
+                            extra["profile"] = host_profile(fn, dev)
+                        records.append(Record(case, impl, pass_, m["ms"], extra))
+                        got[impl] = m
+                    _table_row(row, got)
+                    table.append(row)
+                bar.update()
+            C.empty_cache()
+    return records, table, COLUMNS
+
+
+def _table_row(row: dict, got: dict) -> None:
+    names = {Impl.OURS: "ours", Impl.FLEX: "flex", Impl.CUDNN: "cudnn"}
+    for impl, m in got.items():
+        row[f"{names[impl]}_ms"] = round(m["ms"], 4)
+        row[f"{names[impl]}_host_us"] = round(m["host_us"], 1)
+    if Impl.OURS in got:
+        row["ours_dev_ms"] = round(got[Impl.OURS]["device_ms"], 4)
+        row["ours_launches"] = got[Impl.OURS]["launches"]
+    if Impl.OURS in got and Impl.FLEX in got:
+        row["flex/ours"] = round(got[Impl.FLEX]["ms"] / got[Impl.OURS]["ms"], 2)
