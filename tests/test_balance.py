@@ -286,3 +286,16 @@ def test_report_counts_and_json():
         balance.report(layout, B=1, Hq=0)
     with pytest.raises(TypeError, match="layout"):
         balance.report("causal")
+
+
+def test_split_chunked_prefill_queries_are_the_last_positions(poisoned_workspace):
+    """Lq < Lk: the queries are the last Lq positions; a split row's chunks still cover its whole row."""
+    lq, lk = 80, L
+    layout = BlockLayout.from_mask_mod(P.sinks_window(8, 100), lq, lk, BLK, BLK, device="cpu")
+    q = torch.randn(1, 2, lq, 32)
+    k, v = (torch.randn(1, 2, lk, 32) for _ in range(2))
+    o0, lse0 = _run(layout, q, k, v, None)
+    for split in (1, 2):
+        o, lse = _run(layout, q, k, v, split)
+        _check_ref(layout, q, k, v, o, lse)
+        torch.testing.assert_close(o, o0, atol=2e-6, rtol=2e-6)
