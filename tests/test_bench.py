@@ -597,6 +597,7 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
         for split in ("auto", 1):
             r = bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=split)
             assert r.ms > 0 and r.get("max_abs_diff_vs_plain") < 1e-4 and r.get("tasks") <= r.get("capacity")
+            assert r.get("predicted_ms") > 0  # the roofline prices the split plan too
         if name != "causal H=1 N/4":  # 128 tokens: one tile, nothing to split
             assert bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=1).get("merged_rows") > 0
     g = bf.one(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case="routed skewed (synthetic)")

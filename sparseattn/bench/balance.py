@@ -9,7 +9,8 @@ not fill the GPU). B=1, bf16, D=128, 128 x 128 tiles.
 
 ``ideal_ms``: the per-tile time measured on a layout of long equal rows at the same length (32 full tiles
 per row: every program busy to the end, no tail) times the case's listed tiles. ``predicted_ms``: the
-roofline's prediction for the plain grid (:func:`sparseattn.roofline.cost`). Each of our rows also carries
+roofline's prediction of the same call (:func:`sparseattn.roofline.cost`; the split rows with the split
+plan's tasks, workspace traffic and merge). Each of our rows also carries
 :func:`sparseattn.balance.report` (per-program tiles, makespan over the SMs, tail share) and, for the split
 rows, the chunk the planner chose and the tasks it made. The routed case is also captured in a CUDA graph
 on a dynamic layout of fixed capacity (``fwd (CUDA graph)``): replay time, the planner run under
@@ -106,10 +107,10 @@ def _listed(layout: BlockLayout, H: int) -> int:
     return int(layout.kv_count.sum() + layout.full_count.sum()) * (H // layout.H)
 
 
-def _predicted(layout, H, D, impl="sparseattn") -> float:
+def _predicted(layout, H, D, impl="sparseattn", config=None) -> float:
     try:
         from .. import roofline
-        return roofline.cost(layout, dict(B=1, Hq=H, Hkv=H, D=D, dtype=torch.bfloat16), "fwd",
+        return roofline.cost(layout, dict(B=1, Hq=H, Hkv=H, D=D, dtype=torch.bfloat16), "fwd", config=config,
                              impl=impl).predicted_ms
     except Exception as e:  # noqa: BLE001 - a missing calibration must not stop the suite
         C.note(f"roofline prediction ({impl}) failed: {type(e).__name__}: {str(e)[:160]}")
@@ -180,7 +181,8 @@ def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) ->
         rep = rep_auto if split == "auto" else BAL.report(layout.to("cpu"), 1, H, block_m=BLOCK, split=split,
                                                             sms=sms, head_dim=D)
         records.append(Record({**case, "split": split}, Impl.OURS_SPLIT, Pass.FWD, ms,
-                              {"ideal_ms": ideal, "chunk": int(plan.chunk), "tasks": int(plan.n_tasks[0]),
+                              {"ideal_ms": ideal, "predicted_ms": _predicted(layout, H, D, config=cfg),
+                               "chunk": int(plan.chunk), "tasks": int(plan.n_tasks[0]),
                                "capacity": plan.capacity, "merged_rows": int(plan.n_merge[0]),
                                "max_abs_diff_vs_plain": diff, "makespan_tiles": rep.makespan_split,
                                "tail": rep.tail_split, "config": C.config_dict(cfg),

@@ -273,9 +273,12 @@ def _partial_tiles(layout: BlockLayout) -> int:
 
 
 # ---- forward -------------------------------------------------------------------------------------------------
-def fwd_work(layout: BlockLayout, shape, config: FwdConfig, order: str = "longest") -> Work:
+def fwd_work(layout: BlockLayout, shape, config: FwdConfig, order: str = "longest", sms: int = 132) -> Work:
     """Work of the forward kernel (``sparse_fwd_kernel``). ``order="longest"`` dispatches query sub-tiles
-    longest row first as the kernel does; ``"natural"`` in index order (how FlexAttention launches)."""
+    longest row first as the kernel does; ``"natural"`` in index order (how FlexAttention launches). A config
+    with ``split`` set gives the split forward's work on ``sms`` SMs instead (:func:`_split_fwd_work`)."""
+    if getattr(config, "split", None) is not None:
+        return _split_fwd_work(layout, shape, config, sms)
     s = as_shape(shape)
     _check_layout_for(layout, s)
     BM, BN = config.block_m, config.block_n
@@ -328,6 +331,56 @@ def fwd_work(layout: BlockLayout, shape, config: FwdConfig, order: str = "longes
     k = KernelWork("sparse_fwd_kernel", (n_m, s.B * s.Hq), steps_f, steps_p, 4.0 * BM * BN * D, 2,
                    requested, hbm)
     return Work("fwd", [k], [], config)
+
+
+def _split_fwd_work(layout: BlockLayout, shape, config: FwdConfig, sms: int) -> Work:
+    """The split forward: the plan's tasks (:func:`sparseattn.balance.plan`) in dispatch order, heads outer, each
+    walking its slot range of its head's row (partial slots first), then the merge of the split rows. A task
+    loads its query tile again and a chunk of a split row writes its float32 state, which the merge reads back;
+    the empty slots of the fixed-capacity list exit at once and are not priced."""
+    from .. import balance
+    s = as_shape(shape)
+    _check_layout_for(layout, s)
+    BM, BN, D, elt = config.block_m, config.block_n, s.D, s.elt
+    sub = layout.block_k // BN
+    n_m = math.ceil(layout.q_len / BM)
+    qi = (torch.arange(n_m) * BM) // layout.block_q
+    lb, lh = _head_maps(layout, s)
+    cpu = layout.to("cpu")
+    plan = balance.plan(cpu, BM, config.split, s.B * s.Hq, sms, D)
+    n = int(plan.n_tasks[0])
+    m, lo, hi, ws = (plan.tasks[:n, i].long() for i in range(4))
+    cnt_p = cpu.kv_count.long()[lb][:, lh][:, :, qi][..., m]  # [B, Hq, tasks]: this head's partial tiles
+    cnt_f = cpu.full_count.long()[lb][:, lh][:, :, qi][..., m]
+    part = torch.clamp(torch.minimum(hi, cnt_p) - lo, min=0)
+    full = torch.clamp(torch.minimum(hi - cnt_p, cnt_f) - torch.clamp(lo - cnt_p, min=0), min=0)
+    heads = s.B * s.Hq
+    n_ws = int((ws >= 0).sum())
+    ws_bytes = float(heads * n_ws * BM * (D + 1) * 4)
+    direct_rows = float(heads * min(layout.q_len, (n - n_ws) * BM))  # whole rows write O themselves
+    bits, doc = _mask_flags(layout)
+    steps_p, steps_f = (part * sub).flatten(), (full * sub).flatten()
+    requested = {"q": heads * n * BM * D * elt, "kv": 2.0 * D * elt * BN * float(steps_p.sum() + steps_f.sum()),
+                 "o": direct_rows * D * elt, "lse": direct_rows * 4.0, "workspace": ws_bytes,
+                 "index": 4.0 * float(steps_p.sum() + steps_f.sum()) + 16.0 * heads * n,
+                 "bits": float(steps_p.sum()) * BM * BN / 8 if bits else 0.0,
+                 "doc": 4.0 * (heads * n * BM + float(steps_p.sum()) * BN) if doc else 0.0}
+    hbm = {"q": heads * n * BM * D * elt, "kv": 2.0 * D * elt * _unique_kv_rows(layout, s),
+           "o": direct_rows * D * elt, "lse": direct_rows * 4.0, "workspace": ws_bytes,
+           "index": _table_bytes(layout) + 16.0 * n,
+           "bits": _partial_tiles(layout) * layout.block_q * layout.block_k / 8.0 if bits else 0.0,
+           "doc": _doc_table_bytes(layout, doc)}
+    kernels = [KernelWork("sparse_fwd_kernel (split)", (plan.capacity, heads), steps_f, steps_p,
+                          4.0 * BM * BN * D, 2, requested, hbm)]
+    n_merge = int(plan.n_merge[0])
+    if n_merge:
+        rows = float(heads * n_merge * BM)
+        mb = {"workspace": ws_bytes, "o": rows * D * elt, "lse": rows * 4.0}
+        block_d = min(D, 64)
+        zeros = torch.zeros(heads * n_merge * (D // block_d), dtype=torch.long)
+        kernels.append(KernelWork("merge_rows_kernel", (plan.merge_capacity, heads, D // block_d), zeros, zeros,
+                                  0.0, 0, dict(mb), dict(mb)))
+    return Work("fwd", kernels, [], config)
 
 
 # ---- backward ------------------------------------------------------------------------------------------------

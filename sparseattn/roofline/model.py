@@ -162,7 +162,7 @@ def work_of(layout, shape=None, pass_: str = "fwd", config=None, deterministic: 
     s = _shape_for(layout, shape, pass_)
     cfg = _config(pass_, impl, layout if pass_ != "decode" else None, s, ceil, config)
     if pass_ == "fwd":
-        return fwd_work(layout, s, cfg, order="natural" if impl == "flex" else "longest")
+        return fwd_work(layout, s, cfg, order="natural" if impl == "flex" else "longest", sms=ceil.sm_count)
     if pass_ == "bwd":
         # FlexAttention's backward recomputes S for dQ in programs of its own (7 tile matmuls, like ours);
         # cuDNN's accumulates dQ inside the dK/dV loop (5, like our atomic path)
