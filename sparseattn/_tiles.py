@@ -3,6 +3,7 @@ masks and back, the O(nnz) transpose, packed tile bits, and the classification o
 first, cells only for undecided tiles, in chunks so memory never grows with ``Lq x Lk``)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -264,6 +265,21 @@ def eval_tiles_compiled(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk)
     return _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells=True)[2]
 
 
+_CLASSIFY_KERNEL: Optional[bool] = None  # None: the kernel on CUDA devices, torch elsewhere
+
+
+@contextlib.contextmanager
+def classify_kernel(use: Optional[bool]):
+    """Within the block, layout builds reduce undecided tiles with the compiled predicate (``True``), with
+    eager torch (``False``) or by device (None, the default): the layout suite's A/B and the tests."""
+    global _CLASSIFY_KERNEL
+    before, _CLASSIFY_KERNEL = _CLASSIFY_KERNEL, use
+    try:
+        yield
+    finally:
+        _CLASSIFY_KERNEL = before
+
+
 def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kernel: Optional[bool] = None):
     """Block-level ``(partial, full)`` for ``mask_mod`` (restricted to ``listed`` tiles when given).
 
@@ -280,7 +296,7 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
         full, partial, undecided = full & listed, partial & listed, undecided & listed
     b, h, qi, ki = undecided.nonzero(as_tuple=True)
     if use_kernel is None:
-        use_kernel = grid.device.type == "cuda"
+        use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
     compiled = compiled_mask_for(mask_mod, grid) if use_kernel and b.numel() else None
     if compiled is not None:
         any_, all_, _ = _mask_tiles_launch(compiled, b, h, qi, ki, grid.q_start, grid.q_len, grid.kv_len,

@@ -68,6 +68,10 @@ class Unsupported(Exception):
     """The mask_mod uses something the tracer cannot turn into a predicate; the message names it."""
 
 
+class MaskTypeError(TypeError):
+    """The mask_mod is wrong whatever evaluates it (e.g. a float tensor used as an index)."""
+
+
 # ---- the graph -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Node:
@@ -76,6 +80,7 @@ class Node:
     kind: str  # "int" or "bool"
     lo: int = 0
     hi: int = 0
+    dt: str = "int64"  # torch dtype of an int value; "weak": a Python scalar, "bool": a promoted bool
 
     @property
     def wide(self) -> bool:
@@ -94,7 +99,7 @@ class Graph:
         self.device = device
 
     def add(self, node: Node) -> "Sym":
-        key = (node.op, node.args, node.kind, node.lo, node.hi)
+        key = (node.op, node.args, node.kind, node.lo, node.hi, node.dt)
         i = self._ids.get(key)
         if i is None:
             i = self._ids[key] = len(self.nodes)
@@ -221,7 +226,7 @@ class Sym:
         raise Unsupported("float() of a traced value")
 
     def __len__(self):
-        raise Unsupported("len() of a traced value")
+        raise Unsupported("len() of a traced value (torch.as_tensor / torch.tensor of an index, Python len)")
 
     def __iter__(self):
         raise Unsupported("iterating over a traced value")
@@ -318,7 +323,7 @@ def _lift(g: Graph, x) -> Sym:
     if isinstance(x, int):
         if not I64[0] <= x <= I64[1]:
             raise Unsupported(f"integer constant {x} beyond int64")
-        return g.add(Node("const", (x,), "int", x, x))
+        return g.add(Node("const", (x,), "int", x, x, "weak"))
     if isinstance(x, float):
         raise Unsupported(f"float constant {x!r} (float arithmetic)")
     raise Unsupported(f"an operand of type {type(x).__name__}")
@@ -326,7 +331,7 @@ def _lift(g: Graph, x) -> Sym:
 
 def _as_int(s: Sym) -> Sym:
     n = s.g.node(s)
-    return s.g.add(Node("bool2int", (s.i,), "int", 0, 1)) if n.kind == "bool" else s
+    return s.g.add(Node("bool2int", (s.i,), "int", 0, 1, "bool")) if n.kind == "bool" else s
 
 
 def _as_bool(s: Sym) -> Sym:
@@ -341,6 +346,8 @@ def _bin(op: str, x, y) -> Sym:
         if op == "eq":  # a == b on bools: not (a xor b)
             return _logical_not(g.add(Node("bin", ("xor", a.i, b.i), "bool")))
         return g.add(Node("bin", ("xor" if op == "ne" else op, a.i, b.i), "bool"))
+    if na.kind == "bool" and nb.kind == "bool" and op not in _CMP:
+        raise Unsupported(f"arithmetic ({op}) on two bool values")
     a, b = _as_int(a), _as_int(b)  # torch promotes bool to integer in arithmetic and mixed comparisons
     na, nb = g.node(a), g.node(b)
     if op in _CMP:
@@ -348,14 +355,35 @@ def _bin(op: str, x, y) -> Sym:
     if op in ("floordiv", "mod", "truncdiv") and nb.lo <= 0 <= nb.hi:
         raise Unsupported(f"{'//' if op != 'mod' else '%'} by a value that may be zero")
     lo, hi = _range(op, na, nb)
-    return g.add(Node("bin", (op, a.i, b.i), "int", lo, hi))
+    return _wrap(g.add(Node("bin", (op, a.i, b.i), "int", lo, hi, _promote(na.dt, nb.dt))))
+
+
+def _promote(da: str, db: str) -> str:
+    """torch's result dtype of an integer op: a Python scalar (and a bool) takes the other side's dtype."""
+    loose = ("weak", "bool")
+    if da in loose:
+        return db if db not in loose else "int64"
+    if db in loose:
+        return da
+    return str(torch.promote_types(getattr(torch, da), getattr(torch, db))).replace("torch.", "")
+
+
+def _wrap(s: Sym) -> Sym:
+    """A value of a dtype narrower than int64 wraps around as torch's does when its exact range leaves it."""
+    n = s.g.node(s)
+    if n.dt in ("int64", "weak", "bool"):
+        return s
+    lo, hi = _INT_DTYPES[getattr(torch, n.dt)]
+    if lo <= n.lo and n.hi <= hi:
+        return s
+    return s.g.add(Node("wrap", (s.i,), "int", lo, hi, n.dt))
 
 
 def _unary(op: str, s: Sym) -> Sym:
     n = s.g.node(s)
     if op == "invert" and n.kind == "bool":
         return _logical_not(s)
-    return s.g.add(Node("inv", (s.i,), "int", ~n.hi, ~n.lo))
+    return _wrap(s.g.add(Node("inv", (s.i,), "int", ~n.hi, ~n.lo, n.dt)))
 
 
 def _logical_not(s: Sym) -> Sym:
@@ -379,21 +407,21 @@ def _where(c, x, y) -> Sym:
         na, nb = g.node(a), g.node(b)
     if na.kind == "bool":
         return g.add(Node("where", (c.i, a.i, b.i), "bool"))
-    return g.add(Node("where", (c.i, a.i, b.i), "int", min(na.lo, nb.lo), max(na.hi, nb.hi)))
+    return g.add(Node("where", (c.i, a.i, b.i), "int", min(na.lo, nb.lo), max(na.hi, nb.hi),
+                      _promote(na.dt, nb.dt)))
 
 
 def _cast(s: Sym, dtype) -> Sym:
     if dtype == torch.bool:
         return _as_bool(s)
-    if dtype in (torch.int64, torch.long):
-        return _as_int(s)
     if dtype in _INT_DTYPES:
         s = _as_int(s)
         n = s.g.node(s)
-        lo, hi = _INT_DTYPES[dtype]
-        if not (lo <= n.lo and n.hi <= hi):
-            raise Unsupported(f".to({dtype}) of a value that may not fit (narrowing wrap-around)")
-        return s
+        dt = str(dtype).replace("torch.", "")
+        if n.dt == dt:
+            return s
+        # the same value under another dtype name (a cast node that emits nothing), wrapped if it must
+        return _wrap(s.g.add(Node("retype", (s.i,), "int", n.lo, n.hi, dt)))
     raise Unsupported(f".to({dtype}) (only integer and bool index values)")
 
 
@@ -409,6 +437,9 @@ def _load(t: torch.Tensor, idx) -> Sym:
                           f"(one index per dimension of a 1-D or 2-D table compiles)")
     ids = []
     for it in items:
+        if isinstance(it, torch.Tensor) and (it.dtype.is_floating_point or it.is_complex()):
+            raise MaskTypeError(f"mask_mod indexes a captured tensor of shape {tuple(t.shape)} with a {it.dtype} "
+                            f"tensor; indices must be integers (as in eager torch)")
         if isinstance(it, (slice, type(None), type(Ellipsis))) or isinstance(it, torch.Tensor) and it.dim() > 0:
             raise Unsupported(f"indexing a captured tensor with {type(it).__name__}")
         s = _as_int(_lift(g, it))
@@ -420,7 +451,7 @@ def _load(t: torch.Tensor, idx) -> Sym:
     if t.dtype == torch.bool:
         return g.add(Node("load", key, "bool"))
     lo, hi = _INT_DTYPES[t.dtype]
-    return g.add(Node("load", key, "int", lo, hi))
+    return g.add(Node("load", key, "int", lo, hi, str(t.dtype).replace("torch.", "")))
 
 
 _TORCH_BIN = {"add": "add", "sub": "sub", "subtract": "sub", "mul": "mul", "multiply": "mul",
@@ -501,7 +532,7 @@ def trace(mask_mod, *, pos_bound: int = DEFAULT_POS_BOUND, device=None) -> Trace
     syms = [g.add(Node("arg", (name,), "int", 0, ranges[name] - 1)) for name in _ARGS]
     try:
         out = mask_mod(*syms)
-    except Unsupported:
+    except (Unsupported, MaskTypeError):
         raise
     except (TypeError, RuntimeError, IndexError, ValueError, AttributeError, NotImplementedError) as e:
         # torch refusing a Sym somewhere the tracer does not reach (e.g. torch.as_tensor(q_idx))
@@ -527,6 +558,10 @@ def render(g: Graph, i: int) -> str:
         return str(bool(n.args[0])) if n.kind == "bool" else str(n.args[0])
     if n.op == "bool2int":
         return f"int({render(g, n.args[0])})"
+    if n.op == "retype" and g.nodes[n.args[0]].op == "const":
+        return render(g, n.args[0])
+    if n.op in ("wrap", "retype"):
+        return f"{_paren(g, n.args[0])}.to({n.dt})"
     if n.op == "not":
         return f"~{_paren(g, n.args[0])}"
     if n.op == "inv":
@@ -552,6 +587,11 @@ _TL = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^", "s
        "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
+def _kids(n: Node) -> tuple:
+    return n.args[2:] if n.op == "load" else n.args[1:] if n.op == "bin" else \
+        () if n.op in ("arg", "const") else n.args
+
+
 def _reachable(g: Graph, out: int) -> list:
     seen, order = set(), []
 
@@ -560,8 +600,7 @@ def _reachable(g: Graph, out: int) -> list:
             return
         seen.add(i)
         n = g.nodes[i]
-        kids = n.args[2:] if n.op == "load" else n.args[1:] if n.op == "bin" else \
-            () if n.op in ("arg", "const") else n.args
+        kids = _kids(n)
         for k in kids:
             visit(k)
         order.append(i)
@@ -597,6 +636,10 @@ def generate(traced: Traced) -> str:
             src = n.args[0]
         elif n.op == "bool2int":
             src = f"{val(n.args[0])}.to(tl.int32)"
+        elif n.op == "retype":
+            src = val(n.args[0])
+        elif n.op == "wrap":  # truncate to the narrow dtype (two's complement), compute on in int32
+            src = f"{val(n.args[0])}.to(tl.{n.dt})" + (".to(tl.int32)" if n.dt != "int32" else "")
         elif n.op == "not":
             src = f"{val(n.args[0])} == 0"
         elif n.op == "inv":
@@ -652,10 +695,9 @@ def _widths(g: Graph, order: list) -> dict:
             wide[i] = False
         elif n.op == "load":
             wide[i] = n.args[1] == "int64"
-        elif n.op in ("bin", "inv", "where"):
-            kids = n.args[1:] if n.op == "bin" else n.args
-            wide[i] = n.wide or any(wide[k] for k in kids if g.nodes[k].kind == "int")
-        else:  # arg, const, bool2int
+        elif n.op in ("bin", "inv", "where", "retype"):
+            wide[i] = n.wide or any(wide[k] for k in _kids(n) if g.nodes[k].kind == "int")
+        else:  # arg, const, bool2int, wrap (int32 or narrower)
             wide[i] = n.wide
     return wide
 
