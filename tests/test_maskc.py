@@ -125,6 +125,9 @@ def test_captured_tables_per_batch_and_head_any_integer_dtype():
             (q + (kv > 5)) % 3 == 0),
         "wide integer arithmetic (int64 wrap)": lambda b, h, q, kv: ((q * 0x1E3779B97F4A7C15 + kv) >> 60) == 3,
         "constant 0-d tensor": lambda b, h, q, kv: (q - kv) < torch.tensor(9),
+        "one position only": lambda b, h, q, kv: keep[kv],
+        "the head only": lambda b, h, q, kv: win[h] > 10,
+        "powers of two: shift and mask floor for negatives": lambda b, h, q, kv: ((q - kv) // 16 + (kv - q) % 8) > 1,
     }
     for name, mm in masks.items():
         B = 2 if "batch" in name else 1

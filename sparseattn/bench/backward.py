@@ -1,8 +1,8 @@
 """Suite ``backward``: the deterministic and the atomic backward against FlexAttention (same block mask)
 and SDPA's cuDNN and FA2 (dense and causal), with bitwise repeatability over repeated runs and, for the
 sinks pattern, the backward without column splitting; the patterns with no hand-written predicate
-(``MASKC_PATTERNS``) also with per-tile bits (``sparseattn-bits``) against the compiled mask_mod. ``--sweep`` also times backward tile configs for
-two patterns at the largest N."""
+(``MASKC_PATTERNS``) also with per-tile bits (``sparseattn-bits``) against the compiled mask_mod.
+``--sweep`` also times backward tile configs for two patterns at the largest N."""
 from __future__ import annotations
 
 from typing import List

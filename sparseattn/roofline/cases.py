@@ -19,7 +19,8 @@ from .. import patterns as P
 from ..layout import BlockLayout
 from ..paged import PagedKVCache
 
-__all__ = ["PREFILL_PATTERNS", "MASKC_PATTERNS", "stripes_mask", "prefill_mask_mod", "prefill_layout", "random_diag_layout", "dense_pattern_of", "ENVELOPES",
+__all__ = ["PREFILL_PATTERNS", "MASKC_PATTERNS", "stripes_mask",
+           "prefill_mask_mod", "prefill_layout", "random_diag_layout", "dense_pattern_of", "ENVELOPES",
            "LAYOUT_PATTERNS", "layout_mask_mod", "decode_setup"]
 
 # ---------------------------------------------------------------------------------------------------------
