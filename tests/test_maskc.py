@@ -127,6 +127,8 @@ def test_captured_tables_per_batch_and_head_any_integer_dtype():
         "constant 0-d tensor": lambda b, h, q, kv: (q - kv) < torch.tensor(9),
         "one position only": lambda b, h, q, kv: keep[kv],
         "the head only": lambda b, h, q, kv: win[h] > 10,
+        "a constant": lambda b, h, q, kv: torch.ones_like(q) > 0,
+        "a variable shift": lambda b, h, q, kv: ((q << (kv % 40)) >> 33) % 2 == 0,
         "powers of two: shift and mask floor for negatives": lambda b, h, q, kv: ((q - kv) // 16 + (kv - q) % 8) > 1,
     }
     for name, mm in masks.items():
@@ -211,6 +213,7 @@ def test_unsupported_masks_warn_once_and_stay_exact(name):
     (lambda b, h, q, k: k <= int(q), "int()"),
     (lambda b, h, q, k: 3, "returned int"),
     (lambda b, h, q, k: q - k, "integer value"),
+    (lambda b, h, q, k: (q << k) > 0, "shift"),
 ])
 def test_data_dependent_control_flow_does_not_trace(mm, op):
     with pytest.raises(maskc.Unsupported, match=op.replace("(", r"\(").replace(")", r"\)")):

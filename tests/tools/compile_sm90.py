@@ -58,17 +58,24 @@ NO_FN = dict(MASK_FN=None, CAP0=None, CAP1=None, CAP2=None, CAP3=None, CAP_SHAPE
 def compiled_masks():
     """Generated predicates (sparseattn.maskc) the kernels take as a constexpr: ``(name, fn, capture ptr types)``.
     One indexes a per-head int32 table and a bool table with floor ``//``/``%`` on negative values (the helper
-    functions), one is block_random's int64 hash, one the stripes mask of the benchmarks."""
+    functions), one is block_random's int64 hash, one the stripes mask of the benchmarks, one a mask of the key
+    position alone (widened to the tile) with narrow-dtype wrap-around and int64 loads."""
     from sparseattn import maskc, patterns as P
     from sparseattn.bench import cases
     tab = torch.zeros(4, 256, dtype=torch.int32)
     keep = torch.zeros(256, dtype=torch.bool)
     def tables(b, h, q, kv):
         return (((tab[h, q] - tab[h, kv]) // 3) % 2 == 0) & keep[kv] | ((q - kv) % -5 == 0)
+    ids = torch.zeros(256, dtype=torch.int64)
+
+    def narrow(b, h, q, kv):
+        return ((kv.to(torch.uint8) + ids[kv].to(torch.int8)) * 3).to(torch.int16) > h
+
     out = []
-    for name, mm in (("tables", tables), ("hash", P.block_random(0.3, 64, 1)), ("stripes", cases.stripes_mask())):
+    for name, mm in (("tables", tables), ("hash", P.block_random(0.3, 64, 1)), ("stripes", cases.stripes_mask()),
+                     ("narrow", narrow)):
         c = maskc.compile_mask(mm)
-        types = [{torch.int32: I32, torch.bool: "*i1"}[t.dtype] for t in c.captures]
+        types = [{torch.int32: I32, torch.int64: "*i64", torch.bool: "*i1"}[t.dtype] for t in c.captures]
         out.append((name, c.fn, types))
     return out
 
