@@ -20,8 +20,10 @@ Exactness
 ---------
 Eager mask_mods run on int64 index tensors. Every integer node carries an interval (from the index bounds
 ``0 <= b, h < 2**16`` and ``0 <= q, kv < pos_bound``); a node is computed in int32 only when its interval and
-its operands fit, otherwise in int64 with int64's wrap-around, as torch computes. ``//`` and ``%`` keep torch's
-floor semantics (Triton's are C's truncation) unless both operands are non-negative. Loads clamp their index
+its operands fit, otherwise in int64 with int64's wrap-around, as torch computes. Values of narrower dtypes
+(loads from int8/uint8/int16/int32 tables, ``.to(...)``) follow torch's type promotion and wrap around where
+torch's would. ``//`` and ``%`` keep torch's floor semantics (Triton's are C's truncation): by a power of two
+they are a shift and a mask, otherwise a helper unless both operands are non-negative. Loads clamp their index
 into the tensor (negative indices wrap first, as torch's do), so padding rows past the sequence, which the
 kernels mask anyway, never read outside a capture.
 
@@ -179,7 +181,6 @@ def _range(op: str, a: Node, b: Node) -> tuple:
     raise AssertionError(op)
 
 
-_ARITH = {"add", "sub", "mul", "floordiv", "truncdiv", "mod", "and", "or", "xor", "shr", "shl", "min", "max"}
 _CMP = {"lt", "le", "gt", "ge", "eq", "ne"}
 _BOOL_OK = {"and", "or", "xor", "eq", "ne"}  # ops that keep meaning on bools without promotion
 
@@ -205,7 +206,8 @@ class Sym:
 
     @property
     def dtype(self):
-        return torch.bool if self.g.node(self).kind == "bool" else torch.int64
+        n = self.g.node(self)
+        return torch.bool if n.kind == "bool" else getattr(torch, n.dt if n.dt not in ("weak", "bool") else "int64")
 
     def __repr__(self) -> str:
         return f"Sym({render(self.g, self.i)})"
@@ -520,8 +522,9 @@ class Traced:
     out: int  # node id of the result (bool)
 
     def text(self) -> str:
-        """The traced expression in one line (captured tensors as ``cap0[...]``)."""
-        return render(self.graph, self.out)
+        """The traced expression in one line (captured tensors as ``cap0[...]``; long shared subexpressions
+        by their names in the generated source)."""
+        return _render(self.graph, self.out, {})
 
 
 def trace(mask_mod, *, pos_bound: int = DEFAULT_POS_BOUND, device=None) -> Traced:
@@ -553,37 +556,50 @@ _SYM = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "truncdiv": "/trun
         "eq": "==", "ne": "!="}
 
 
-def render(g: Graph, i: int) -> str:
+#: A subexpression longer than this is shown by its name in the generated source (``v12``), so a mask whose
+#: graph shares subexpressions many times (a hash) renders in linear, not exponential, length.
+RENDER_LIMIT = 160
+
+
+def render(g: Graph, i: int, memo: Optional[dict] = None) -> str:
     """A node as a Python-like expression (for messages, summaries and the book)."""
+    memo = {} if memo is None else memo
+    if i not in memo:
+        text = _render(g, i, memo)
+        memo[i] = text if len(text) <= RENDER_LIMIT else f"v{i}"
+    return memo[i]
+
+
+def _render(g: Graph, i: int, memo: dict) -> str:
     n = g.nodes[i]
+    r = lambda j: render(g, j, memo)  # noqa: E731
+    p = lambda j: _paren(g, j, memo)  # noqa: E731
     if n.op == "arg":
         return {"q": "q_idx", "kv": "kv_idx"}.get(n.args[0], n.args[0])
     if n.op == "const":
         return str(bool(n.args[0])) if n.kind == "bool" else str(n.args[0])
     if n.op == "bool2int":
-        return f"int({render(g, n.args[0])})"
-    if n.op == "retype" and g.nodes[n.args[0]].op == "const":
-        return render(g, n.args[0])
+        return f"int({r(n.args[0])})"
     if n.op in ("wrap", "retype"):
-        return f"{_paren(g, n.args[0])}.to({n.dt})"
-    if n.op == "not":
-        return f"~{_paren(g, n.args[0])}"
-    if n.op == "inv":
-        return f"~{_paren(g, n.args[0])}"
+        return f"{p(n.args[0])}.to({n.dt})"
+    if n.op in ("not", "inv"):
+        return f"~{p(n.args[0])}"
     if n.op == "where":
-        return f"where({', '.join(render(g, a) for a in n.args)})"
+        return f"where({', '.join(r(a) for a in n.args)})"
     if n.op == "load":
-        return f"cap{n.args[0]}[{', '.join(render(g, a) for a in n.args[2:])}]"
+        return f"cap{n.args[0]}[{', '.join(r(a) for a in n.args[2:])}]"
     op, a, b = n.args
     if op in ("min", "max"):
-        return f"{op}({render(g, a)}, {render(g, b)})"
-    return f"{_paren(g, a)} {_SYM[op]} {_paren(g, b)}"
+        return f"{op}({r(a)}, {r(b)})"
+    return f"{p(a)} {_SYM[op]} {p(b)}"
 
 
-def _paren(g: Graph, i: int) -> str:
-    s = render(g, i)
-    return s if g.nodes[i].op in ("arg", "const", "load", "where") or g.nodes[i].args and \
-        g.nodes[i].op == "bin" and g.nodes[i].args[0] in ("min", "max") else f"({s})"
+def _paren(g: Graph, i: int, memo: dict) -> str:
+    s = render(g, i, memo)
+    n = g.nodes[i]
+    bare = n.op in ("arg", "const", "load", "where") or n.op == "bin" and n.args[0] in ("min", "max") or \
+        s == f"v{i}"
+    return s if bare else f"({s})"
 
 
 # ---- code generation -------------------------------------------------------------------------------------------
