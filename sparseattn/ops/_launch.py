@@ -83,6 +83,8 @@ def forced_mask_path(kind: Optional[str]):
 
 
 def _compiled(layout: BlockLayout) -> Optional[maskc.CompiledMask]:
+    if max(layout.B, layout.H) >= maskc.HEAD_BOUND:  # outside the index ranges the predicate is exact for
+        return None
     bound = maskc.pos_bound_for(max(layout.q_offset + layout.nq * layout.block_q, layout.nk * layout.block_k))
     return maskc.compiled_for(layout.mask_mod, pos_bound=bound, device=layout.device)
 
