@@ -3,6 +3,7 @@ masks and back, the O(nnz) transpose, packed tile bits, and the classification o
 first, cells only for undecided tiles, in chunks so memory never grows with ``Lq x Lk``)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -232,8 +233,59 @@ def eval_tiles(mask_mod, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk) -> torch
     return torch.broadcast_to(_check_bool(mask_mod, out), (t, bq, bk)) & q_ok & k_ok
 
 
-def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor]):
-    """Block-level ``(partial, full)`` for ``mask_mod`` (restricted to ``listed`` tiles when given)."""
+def compiled_mask_for(mask_mod, grid: TileGrid, warn: bool = True):
+    """The compiled predicate of ``mask_mod`` for positions of ``grid`` (None when it does not trace; then one
+    warning line, once per mask_mod)."""
+    from . import maskc
+    bound = maskc.pos_bound_for(max(grid.q_start + grid.nq * grid.block_q, grid.nk * grid.block_k))
+    return maskc.compiled_for(mask_mod, pos_bound=bound, device=grid.device, warn=warn)
+
+
+def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells: bool):
+    """Run :mod:`sparseattn.kernels.mask_tiles` over the listed tiles: ``(any [t], all [t], cells or None)``."""
+    from .kernels import BACKEND
+    from .kernels.mask_tiles import mask_tiles_kernel
+    dev = b.device
+    t = b.numel()
+    some = torch.empty(t, dtype=torch.int8, device=dev)
+    every = torch.empty_like(some)
+    out = torch.empty(t, bq, bk, dtype=torch.int8, device=dev) if cells else None
+    if t:
+        # the interpreter runs a whole tile per step (one numpy call per operation); a GPU a few rows a step
+        rows = bq if BACKEND == "interpreter" else max(1, min(bq, 4096 // bk))
+        i32 = lambda x: x.to(torch.int32).contiguous()  # noqa: E731
+        mask_tiles_kernel[(t,)](TB=i32(b), TH=i32(h), TQ=i32(qi), TK=i32(ki), ANY=some, ALL=every, CELLS=out,
+                                q_offset=q_offset, q_len=q_len, kv_len=kv_len, **compiled.kernel_args(dev),
+                                BLOCK_Q=bq, BLOCK_K=bk, ROWS=rows, num_warps=4)
+    return some.bool(), every.bool(), None if out is None else out.bool()
+
+
+def eval_tiles_compiled(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk) -> torch.Tensor:
+    """:func:`eval_tiles` by the compiled predicate on the device: bool ``[t, bq, bk]``."""
+    return _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells=True)[2]
+
+
+_CLASSIFY_KERNEL: Optional[bool] = None  # None: the kernel on CUDA devices, torch elsewhere
+
+
+@contextlib.contextmanager
+def classify_kernel(use: Optional[bool]):
+    """Within the block, layout builds reduce undecided tiles with the compiled predicate (``True``), with
+    eager torch (``False``) or by device (None, the default): the layout suite's A/B and the tests."""
+    global _CLASSIFY_KERNEL
+    before, _CLASSIFY_KERNEL = _CLASSIFY_KERNEL, use
+    try:
+        yield
+    finally:
+        _CLASSIFY_KERNEL = before
+
+
+def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kernel: Optional[bool] = None):
+    """Block-level ``(partial, full)`` for ``mask_mod`` (restricted to ``listed`` tiles when given).
+
+    The tile rule decides what it can. The undecided tiles are reduced on the device by the compiled
+    predicate (:mod:`sparseattn.maskc`, one program per tile, nothing per cell stored) when ``use_kernel``
+    (default: on a CUDA device) and the mask compiles; else evaluated with torch in chunks."""
     shape = (grid.B, grid.H, grid.nq, grid.nk)
     bounds = tile_rule_of(mask_mod)(grid)
     any_lo, any_hi, all_lo, all_hi = (torch.broadcast_to(x.to(grid.device), shape) for x in bounds)
@@ -243,6 +295,15 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor]):
     if listed is not None:
         full, partial, undecided = full & listed, partial & listed, undecided & listed
     b, h, qi, ki = undecided.nonzero(as_tuple=True)
+    if use_kernel is None:
+        use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
+    compiled = compiled_mask_for(mask_mod, grid) if use_kernel and b.numel() else None
+    if compiled is not None:
+        any_, all_, _ = _mask_tiles_launch(compiled, b, h, qi, ki, grid.q_start, grid.q_len, grid.kv_len,
+                                           grid.block_q, grid.block_k, cells=False)
+        full[b, h, qi, ki] = all_
+        partial[b, h, qi, ki] = any_ & ~all_
+        return partial.contiguous(), full.contiguous()
     step = max(1, cells_per_chunk(grid.device) // (grid.block_q * grid.block_k))
     for s in range(0, b.numel(), step):
         sl = slice(s, s + step)

@@ -279,7 +279,9 @@ def _hash_keep(qb: torch.Tensor, kb: torch.Tensor, seed: int, threshold: int) ->
     # and traces under FlexAttention's vmap. Low 32 bits of products are exact under int64 wrap-around.
     # The indices are widened first: FlexAttention's compiled kernels pass int32 indices, and int32 products
     # wrap (and shift right with the sign) differently, which kept other squares than eager evaluation did.
-    qb, kb = torch.as_tensor(qb).to(torch.int64), torch.as_tensor(kb).to(torch.int64)
+    # (``.to`` rather than ``torch.as_tensor(...)``: the mask compiler's traced indices have ``.to``, and
+    # as_tensor cannot see through them)
+    qb, kb = (x.to(torch.int64) if hasattr(x, "to") else torch.as_tensor(x, dtype=torch.int64) for x in (qb, kb))
     m = 0xFFFFFFFF
     x = (qb * 0x9E3779B1 + kb * 0x85EBCA77 + (seed * 0xC2B2AE3D & m)) & m
     x = x ^ (x >> 16)

@@ -267,7 +267,7 @@ def test_cases_are_the_recorded_names():
     from sparseattn import patterns as P
     from sparseattn.bench import cases
     recorded = {r.case["pattern"] for r in load("prefill").records} - {"dense", "causal"}
-    assert recorded <= set(cases.PREFILL_PATTERNS)
+    assert recorded <= set(cases.PREFILL_PATTERNS) | set(cases.MASKC_PATTERNS)
     assert {r.case["pattern"] for r in load("layout").records} == set(cases.LAYOUT_PATTERNS)
     lay = cases.prefill_layout("sinks64+window1024", 512, block=128, device="cpu")
     ref = P.sinks_window(64, 1024)
@@ -341,9 +341,13 @@ def test_prefill_suite_on_cpu(cpu_stand_ins, tmp_path):
     from sparseattn.bench.__main__ import write_outputs
     records, table, cols = prefill.run(_args(sweep=True))
     bf = _check_run(prefill, records, table, cols, (Impl.OURS, Pass.FWD), (Impl.FLEX, Pass.FWD),
-                    (Impl.CUDNN, Pass.FWD), (Impl.FA2, Pass.FWD), (Impl.NAIVE, Pass.FWD))
+                    (Impl.CUDNN, Pass.FWD), (Impl.FA2, Pass.FWD), (Impl.NAIVE, Pass.FWD), (Impl.OURS_BITS, Pass.FWD))
     for p in prefill.PREFILL_PATTERNS:  # what chapter 5 reads, by the names it asks for
         assert bf.ms(Impl.OURS, Pass.FWD, pattern=p, N=256) > 0
+    for p in prefill.MASKC_PATTERNS:  # issue 13's rows: compiled mask_mod against per-tile bits, same output
+        assert bf.one(Impl.OURS, Pass.FWD, pattern=p).get("mask_path").startswith("compiled: ")
+        bits = bf.one(Impl.OURS_BITS, Pass.FWD, pattern=p)
+        assert bits.get("mask_path") == "bits" and bits.get("max_abs_vs_ours") < 1e-2 and bits.get("bits_bytes") > 0
     assert len(prefill.sweep_rows(records)) == len(prefill.PREFILL_PATTERNS) * len(prefill.sweep_configs(32))
     write_outputs(prefill, records, str(tmp_path), ENV, sweep=True, family="sm90")
     rows = json.loads((tmp_path / "prefill-defaults-h200.json").read_text())["families"]["sm90"]["fwd"]
@@ -354,10 +358,14 @@ def test_prefill_suite_on_cpu(cpu_stand_ins, tmp_path):
 @STAND_IN_WARNINGS[1]
 def test_backward_suite_on_cpu(cpu_stand_ins):
     from sparseattn.bench import backward
-    records, table, cols = backward.run(_args(patterns="causal,sinks64+window1024", sweep=True))
+    records, table, cols = backward.run(_args(patterns="causal,sinks64+window1024,stripes(plain lambda)",
+                                              sweep=True))
     bf = _check_run(backward, records, table, cols, (Impl.OURS, Pass.BWD), (Impl.OURS_ATOMIC, Pass.BWD),
                     (Impl.OURS_NOSPLIT, Pass.BWD), (Impl.FLEX, Pass.BWD), (Impl.CUDNN, Pass.BWD),
-                    (Impl.OURS, Pass.FWD_BWD))
+                    (Impl.OURS, Pass.FWD_BWD), (Impl.OURS_BITS, Pass.BWD))
+    bits = bf.one(Impl.OURS_BITS, Pass.BWD, pattern="stripes(plain lambda)")
+    assert bits.get("mask_path") == "bits" and bits.get("max_abs_vs_ours") < 5e-2
+    assert bf.one(Impl.OURS, Pass.BWD, pattern="stripes(plain lambda)").get("mask_path").startswith("compiled: ")
     assert bf.one(Impl.OURS, Pass.BWD, pattern="causal").get("bitwise_repeatable") is True
     assert len(backward.sweep_rows(records)) == len(backward.sweep_configs())  # causal only: N is the max
 
@@ -369,8 +377,10 @@ def test_layout_suite_on_cpu(cpu_stand_ins):
     cpu_stand_ins.setattr(layout_build, "FLEX_MASK_MODES", (False,))  # compiled: see the next test
     records, table, cols = layout_build.run(_args())
     bf = _check_run(layout_build, records, table, cols, (Impl.OURS, Pass.LAYOUT), (Impl.OURS, Pass.TRANSPOSE),
-                    (Impl.FLEX, Pass.LAYOUT))
+                    (Impl.FLEX, Pass.LAYOUT), (Impl.OURS_EAGER_MASK, Pass.LAYOUT))
     assert bf.distinct("pattern") == sorted(layout_build.LAYOUT_PATTERNS)
+    for name in layout_build.EAGER_MASK_AB:  # the device path and the eager one list the same tiles
+        assert bf.one(Impl.OURS_EAGER_MASK, Pass.LAYOUT, pattern=name).get("same_tiles_as_compiled") is True
 
 
 @STAND_IN_WARNINGS[0]

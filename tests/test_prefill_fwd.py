@@ -61,7 +61,7 @@ def test_mask_paths_are_the_documented_ones():
                  "document", "document bidirectional", "prefix_lm"]:
         assert path(name).startswith("predicate"), name
     for name in ["dilated", "block_random", "not", "user function"]:
-        assert path(name) == "bits", name
+        assert path(name).startswith("compiled: "), name
 
 
 @pytest.mark.parametrize("name", ["causal&window", "sinks+window", "sinks|window (non-causal sinks)", "prefix_lm",

@@ -69,7 +69,7 @@ LAYOUTS = {
     "causal": lambda: BlockLayout.from_mask_mod(P.causal(), 256, 256, 64, 64, device="cpu"),
     "window_ragged": lambda: BlockLayout.from_mask_mod(P.sliding_window(70), 200, 328, 32, 64, device="cpu"),
     "sinks_window": lambda: BlockLayout.from_mask_mod(P.sinks_window(16, 64), 300, 300, 32, 32, device="cpu"),
-    "block_random_bits": lambda: BlockLayout.from_mask_mod(P.block_random(0.4, 16, seed=3), 160, 192, 32, 32,
+    "block_random_compiled": lambda: BlockLayout.from_mask_mod(P.block_random(0.4, 16, seed=3), 160, 192, 32, 32,
                                                            device="cpu"),
     "documents": lambda: BlockLayout.from_mask_mod(
         P.and_masks(P.causal(), P.document(torch.tensor([0] * 50 + [1] * 90 + [2] * 60))), 200, 200, 32, 32,
@@ -439,7 +439,7 @@ def test_a_wider_window_crosses_later():
 def test_envelope_of_a_layout():
     assert envelope_of(LAYOUTS["sinks_window"]()) == "causal"
     assert envelope_of(LAYOUTS["documents"]()) == "causal"
-    assert envelope_of(LAYOUTS["block_random_bits"]()) == "dense"
+    assert envelope_of(LAYOUTS["block_random_compiled"]()) == "dense"
     assert envelope_of(BlockLayout.from_mask_mod(P.full(), 128, 128, 64, 64, device="cpu")) == "dense"
 
 

@@ -1,24 +1,25 @@
 """Suite ``backward``: the deterministic and the atomic backward against FlexAttention (same block mask)
 and SDPA's cuDNN and FA2 (dense and causal), with bitwise repeatability over repeated runs and, for the
-sinks pattern, the backward without column splitting. ``--sweep`` also times backward tile configs for
-two patterns at the largest N."""
+sinks pattern, the backward without column splitting; the patterns with no hand-written predicate
+(``MASKC_PATTERNS``) also with per-tile bits (``sparseattn-bits``) against the compiled mask_mod.
+``--sweep`` also times backward tile configs for two patterns at the largest N."""
 from __future__ import annotations
 
 from typing import List
 
 import torch
 
-from ..ops import BwdConfig, sparse_attention
+from ..ops import BwdConfig, mask_path_name, sparse_attention
 from . import _common as C
-from .cases import dense_pattern_of, prefill_layout
-from .prefill import setup
+from .cases import MASKC_PATTERNS, dense_pattern_of, prefill_layout
+from .prefill import bits_ab, setup
 from .record import Impl, Pass, Record
 
 NAME = "backward"
 DEFAULT_N = "8192,32768"
 CONFIG_KIND = "bwd"
 COLUMNS = ["pattern", "N", "det_bwd_ms", "atomic_bwd_ms", "nosplit_bwd_ms", "flex_bwd_ms", "flex/det", "cudnn_bwd_ms",
-           "det_repeatable", "atomic_repeatable", "err_vs_flex"]
+           "det_repeatable", "atomic_repeatable", "err_vs_flex", "bits_bwd_ms", "bits/det"]
 SWEEP_PATTERNS = ("causal", "window1024")
 
 #: One dK/dV program per key tile however long its column (the H200 default tiles, no chunking).
@@ -93,12 +94,20 @@ def _pattern(args, q, k, v, do, base, pattern, N, Ns, dense_bwd, records, table)
             spread = max(float((r[0].float() - g[0].float()).abs().max()) for r in reps)
             extra = {"bitwise_repeatable": all(all(torch.equal(a, b) for a, b in zip(r, g)) for r in reps),
                      "dq_run_to_run_max_abs": spread}
+        if impl == Impl.OURS:
+            extra["mask_path"] = mask_path_name(layout)
         records.append(Record(case, impl, Pass.BWD, ms_b, {"tile_tflops": flops / ms_b / 1e9, **extra}))
         records.append(Record(case, impl, Pass.FWD_BWD, ms_fb))
         key = {Impl.OURS: "det", Impl.OURS_ATOMIC: "atomic", Impl.OURS_NOSPLIT: "nosplit"}[impl]
         row[f"{key}_bwd_ms"] = round(ms_b, 3)
         if extra:
             row[f"{key}_repeatable"] = extra["bitwise_repeatable"]
+    if pattern in MASKC_PATTERNS:  # the same backward with per-tile bits (the forward kept is ours, compiled)
+        ms_bits, err = bits_ab(C.grad_fn(lambda: sparse_attention(q, k, v, layout), (q, k, v), do),
+                               grads[Impl.OURS])
+        records.append(Record(case, Impl.OURS_BITS, Pass.BWD, ms_bits, {
+            "tile_tflops": flops / ms_bits / 1e9, "mask_path": "bits", "max_abs_vs_ours": err}))
+        row.update({"bits_bwd_ms": round(ms_bits, 3), "bits/det": round(ms_bits / row["det_bwd_ms"], 2)})
     if not args.no_flex:
         flex = C.flex_fn(q, k, v, layout.to_flex())
         ms_b = C.time_gpu(C.grad_fn(flex, (q, k, v), do))

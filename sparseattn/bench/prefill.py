@@ -1,28 +1,31 @@
 """Suite ``prefill``: the forward kernel against FlexAttention (same block mask), SDPA's cuDNN and FA2
 (dense and causal: the work of the pattern's envelope) and naive masked attention where it fits.
-``--sweep`` also times a set of forward tile configs at the largest N."""
+The patterns with no hand-written predicate (``MASKC_PATTERNS``) are also timed with their partial tiles forced
+to per-tile bits (``sparseattn-bits``), so the compiled mask_mod and the bits it replaces are compared in one
+run; each row records its ``mask_path``. ``--sweep`` also times a set of forward tile configs at the largest N
+(recorded patterns only)."""
 from __future__ import annotations
 
 from typing import List
 
 import torch
 
-from ..ops import FwdConfig, sparse_attention
+from ..ops import FwdConfig, forced_mask_path, mask_path_name, sparse_attention
 from . import _common as C
-from .cases import PREFILL_PATTERNS, dense_pattern_of, prefill_layout
+from .cases import MASKC_PATTERNS, PREFILL_PATTERNS, dense_pattern_of, prefill_layout
 from .record import Impl, Pass, Record
 
 NAME = "prefill"
 DEFAULT_N = "4096,8192,16384,32768,65536"
 CONFIG_KIND = "fwd"  # the row kind of tuned_configs.json its sweep tunes
 COLUMNS = ["pattern", "N", "ours_ms", "tile_TF/s", "flex_ms", "flex/ours", "cudnn_ms", "cudnn/ours", "naive_ms",
-           "err_vs_flex"]
+           "err_vs_flex", "bits_ms", "bits/ours"]
 
 
 def setup(args):
     """Shapes shared by the prefill and backward suites: B=1, H heads, head dim D, bf16, lengths, patterns."""
     Ns = [int(x) for x in args.n.split(",")]
-    patterns = args.patterns.split(",") if args.patterns else PREFILL_PATTERNS
+    patterns = args.patterns.split(",") if args.patterns else PREFILL_PATTERNS + MASKC_PATTERNS
     return 1, args.heads, args.head_dim, torch.bfloat16, Ns, patterns
 
 
@@ -82,7 +85,14 @@ def _pattern(args, q, k, v, base, pattern, N, Ns, dense_ms, records, table) -> N
     o_ours = ours()
     ms_ours = C.time_gpu(ours)
     row = {"pattern": pattern, "N": N, "ours_ms": round(ms_ours, 3), "tile_TF/s": round(flops / ms_ours / 1e9)}
-    records.append(Record(case, Impl.OURS, Pass.FWD, ms_ours, {"tile_tflops": flops / ms_ours / 1e9}))
+    records.append(Record(case, Impl.OURS, Pass.FWD, ms_ours, {"tile_tflops": flops / ms_ours / 1e9,
+                                                               "mask_path": mask_path_name(layout)}))
+    if pattern in MASKC_PATTERNS:
+        ms_bits, err = bits_ab(lambda: sparse_attention(q, k, v, layout), o_ours)
+        records.append(Record(case, Impl.OURS_BITS, Pass.FWD, ms_bits, {
+            "tile_tflops": flops / ms_bits / 1e9, "mask_path": "bits", "max_abs_vs_ours": err,
+            "bits_bytes": int(layout.partial_tile_bits().numel())}))
+        row.update({"bits_ms": round(ms_bits, 3), "bits/ours": round(ms_bits / ms_ours, 2)})
     if not args.no_flex:
         flex = C.flex_fn(q, k, v, layout.to_flex())
         o_flex = flex()
@@ -103,7 +113,7 @@ def _pattern(args, q, k, v, base, pattern, N, Ns, dense_ms, records, table) -> N
         row["naive_ms"] = round(ms_naive, 2)
         del dense_mask
     table.append(row)
-    if args.sweep and N == max(Ns):
+    if args.sweep and N == max(Ns) and pattern in PREFILL_PATTERNS:
         for cfg in sweep_configs(D):
             try:
                 ms = C.time_gpu(lambda: sparse_attention(q, k, v, layout, config=cfg))
@@ -113,6 +123,19 @@ def _pattern(args, q, k, v, base, pattern, N, Ns, dense_ms, records, table) -> N
             records.append(Record(case, Impl.OURS, Pass.FWD, ms, {"config": C.config_dict(cfg), "sweep": True,
                                                                   "tile_tflops": flops / ms / 1e9}))
             C.note(f"sweep {pattern} N={N} {cfg}: {ms:.3f} ms")
+
+
+def bits_ab(call, reference):
+    """``(ms, max |out - reference|)`` of ``call`` with the layout's partial tiles forced to per-tile bits (the
+    A/B of the compiled mask_mod; the two paths mask the same cells, so outputs should agree to rounding)."""
+    def forced():
+        with forced_mask_path("bits"):
+            return call()
+    out = forced()
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = reference if isinstance(reference, tuple) else (reference,)
+    err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(outs, refs))
+    return C.time_gpu(forced), err
 
 
 def sweep_rows(records: List[Record]) -> List[Record]:

@@ -33,6 +33,9 @@ class Impl:
     OURS_ATOMIC = "sparseattn-atomic"  #: our backward with atomically accumulated dQ
     OURS_NOSPLIT = "sparseattn-nosplit"  #: our backward without column splitting
     OURS_SPLIT = "sparseattn-split"  #: our forward with long rows split into tasks and merged (FwdConfig.split)
+    OURS_BITS = "sparseattn-bits"  #: our kernels with partial tiles forced to per-tile bits (A/B of the compiler)
+    OURS_EAGER_MASK = "sparseattn-eager-mask"  #: our layout build evaluating undecided tiles with torch, not
+    #: with the compiled predicate on the device
     FLEX = "flex"  #: FlexAttention, compiled, on the same block mask
     CUDNN = "cudnn"  #: SDPA's CUDNN_ATTENTION backend (dense or causal)
     FA2 = "fa2"  #: SDPA's FLASH_ATTENTION backend (dense or causal)
@@ -40,8 +43,8 @@ class Impl:
     TORCH_EAGER = "torch eager (reference)"  #: an eager PyTorch reference of one of our kernels
     READ_CEILING = "read-ceiling"  #: one streaming read of the same bytes (a bandwidth ceiling)
     #: every name above
-    ALL = frozenset({OURS, OURS_ATOMIC, OURS_NOSPLIT, OURS_SPLIT, FLEX, CUDNN, FA2, NAIVE, TORCH_EAGER,
-                     READ_CEILING})
+    ALL = frozenset({OURS, OURS_ATOMIC, OURS_NOSPLIT, OURS_SPLIT, OURS_BITS, OURS_EAGER_MASK, FLEX, CUDNN, FA2,
+                     NAIVE, TORCH_EAGER, READ_CEILING})
 
 
 class Pass:

@@ -16,13 +16,17 @@ LN2 = tl.constexpr(0.6931471805599453)  # back to the natural-log LSE every op r
 @triton.jit
 def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
               band_lo, band_hi, sink_n, sink_lo, sink_hi, RS, rs_off,
+              lb, lh, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
               BLOCK_K: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
-              HAS_ROW_SLOT: tl.constexpr):
+              HAS_ROW_SLOT: tl.constexpr, USE_FN: tl.constexpr):
     """Allowed cells of one piece of a partial tile.
 
     Predicate path (absolute positions ``q_pos``, ``k_pos``)::
 
         (band_lo <= q - kv <= band_hi)  or  (kv < sink_n and sink_lo <= q - kv <= sink_hi),  and  doc[q] == doc[kv]
+
+    Compiled path (``USE_FN``): the mask_mod's generated predicate ``MASK_FN(lb, lh, q_pos, k_pos, captures)``
+    (:mod:`sparseattn.maskc`) on the layout's batch row and head, whatever orientation the positions have.
 
     Bits path: bit ``k_col % 8`` of byte ``q_row * BLOCK_K/8 + k_col // 8`` of the tile's packed mask at
     ``BITS + bits_off`` (``q_row``/``k_col`` are positions inside the layout tile).
@@ -34,6 +38,8 @@ def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
     if USE_BITS:
         b_byte = tl.load(BITS + bits_off + q_row * (BLOCK_K // 8) + k_col // 8)
         allowed = ((b_byte.to(tl.int32) >> (k_col % 8)) & 1) != 0
+    elif USE_FN:
+        allowed = MASK_FN(lb, lh, q_pos, k_pos, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE)
     else:
         d = q_pos - k_pos  # distance q - kv
         allowed = (d >= band_lo) & (d <= band_hi)
@@ -49,9 +55,10 @@ def tile_mask(q_pos, k_pos, q_row, k_col, BITS, bits_off, doc_q, doc_k,
 @triton.jit
 def row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, tile_id, BITS, DOC_ROW, Lk,
                   band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows, slot,
+                  lb, lh, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                   BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
                   USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
-                  HAS_ROW_SLOT: tl.constexpr):
+                  HAS_ROW_SLOT: tl.constexpr, USE_FN: tl.constexpr):
     """:func:`tile_mask` in the row orientation of the forward and dQ passes: allowed ``[BM, BN]`` for query
     rows ``offs_m_abs`` and keys ``offs_n`` of the partial tile stored at ``slot`` of its row (``tile_id`` =
     row * W + slot in the forward table), keys past ``Lk`` cut. ``rs_rows`` [BM]: the rows' offsets in the
@@ -61,7 +68,8 @@ def row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, tile_id, BITS
     allowed = tile_mask(offs_m_abs[:, None], offs_n[None, :], row_in_tile[:, None], col_in_tile[None, :],
                         BITS, tile_id * (BLOCK_Q * BLOCK_K // 8), doc_q[:, None], doc_k[None, :],
                         band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, (rs_rows + slot)[:, None],
-                        BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT)
+                        lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                        BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, USE_FN)
     return allowed & (offs_n < Lk)[None, :]
 
 

@@ -27,10 +27,11 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
                 stride_qm, stride_dom, stride_dqm, COL_INDEX, SLOTS, col, col_width, lo, hi,
                 offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
+                lb, lh, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                 HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
                 HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr):
     """Accumulate dK, dV ``[BN, D]`` of one key sub-tile over the query tiles at positions ``[lo, hi)`` of its
     column list ``COL_INDEX[col]``. Tiles are handled transposed (``[BN keys, BM queries]``) so dK and dV
     come out of the dots without a transpose."""
@@ -52,7 +53,8 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
             allowed = tile_mask(offs_m_abs[None, :], offs_n[:, None], row_in_tile[None, :], col_in_tile[:, None],
                                 BITS, bits_off, doc_q[None, :], doc_k[:, None],
                                 band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_off[None, :],
-                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT)  # [BN, BM]
+                                lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                                BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, USE_FN)  # [BN, BM]
             allowed = allowed & n_ok[:, None]
         m_ok = offs_m < Lq
         b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
@@ -80,6 +82,7 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
     "HAS_DOC": lambda a: a["DOC"] is not None,
     "HAS_SINKS": lambda a: a["sink_n"] > 0,
     "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
+    "USE_FN": lambda a: a["MASK_FN"] is not None,
     "ATOMIC_DQ": lambda a: a["DQ_ACC"] is not None,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
 })
@@ -93,11 +96,11 @@ def dkdv_kernel(
     Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, BITS, DOC, stride_doc_b, ROW_SLOT,
     Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W,
     Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
-    band_lo, band_hi, sink_n, sink_lo, sink_hi,
+    band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr,
 ):
     # ---- work item: key sub-tile, which chunk of its column, where the result goes --------------------------
     w = tl.program_id(0)
@@ -144,15 +147,17 @@ def dkdv_kernel(
                                  tl.minimum(lo, n_partial), tl.minimum(hi, n_partial),
                                  offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
+                                 lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, True, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN)
         b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, FULL_Q_INDEX, Q_SLOT, col, FWT,
                                  tl.maximum(lo, n_partial) - n_partial, tl.maximum(hi, n_partial) - n_partial,
                                  offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
+                                 lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, False, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN)
 
     b_dk = b_dk * scale
     if ws_slot < 0:
@@ -171,9 +176,10 @@ def dkdv_kernel(
 def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, COUNT, INDEX, row, width,
               offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
               band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+              lb, lh, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
-              HAS_ROW_SLOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              HAS_ROW_SLOT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr):
     """Accumulate dQ ``[BM, D]`` over the key tiles listed in ``INDEX[row, :COUNT[row]]``."""
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
     offs_d = tl.arange(0, HEAD_DIM)
@@ -189,8 +195,9 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
         if MASKED:  # the mask first: its loads overlap the dot below
             allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
                                     BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
-                                    slot, BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC,
-                                    HAS_ROW_SLOT)  # [BM, BN]
+                                    slot, lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                                    BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC,
+                                    HAS_ROW_SLOT, USE_FN)  # [BM, BN]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN]
         b_p = tl.math.exp2(b_s * scale_log2 - b_lse[:, None])
         if MASKED:
@@ -208,6 +215,7 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
     "HAS_DOC": lambda a: a["DOC"] is not None,
     "HAS_SINKS": lambda a: a["sink_n"] > 0,
     "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
+    "USE_FN": lambda a: a["MASK_FN"] is not None,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
 })
 @triton.jit
@@ -218,11 +226,11 @@ def dq_kernel(
     stride_dqb, stride_dqh, stride_dqm,
     KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT,
     Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale, scale_log2,
-    band_lo, band_hi, sink_n, sink_lo, sink_hi,
+    band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -256,13 +264,15 @@ def dq_kernel(
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, KV_COUNT, KV_INDEX,
                      row, W, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+                     lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
-                     DOT_PRECISION)
+                     DOT_PRECISION, USE_FN)
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, FULL_COUNT, FULL_INDEX,
                      row, FW, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+                     lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
-                     DOT_PRECISION)
+                     DOT_PRECISION, USE_FN)
 
     dq_base = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
     tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty),

@@ -19,10 +19,11 @@ from ._common import (doc_ids, doc_row, finalize, load_rows, online_softmax_step
 def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
                COUNT, INDEX, row, width, slot_lo, slot_hi, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS,
                Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
+               lb, lh, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
                HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr, USE_FN: tl.constexpr):
     """Fold the key tiles listed in ``INDEX[row, slot_lo:min(slot_hi, COUNT[row])]`` into (acc, m, l) (a split
     task's share of the row; the whole row is ``0, width``). ``MASKED``: partial tiles, token mask applied;
     otherwise full tiles, where only the key-length edge can cut a row."""
@@ -40,8 +41,9 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
         if MASKED:
             allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
                                     BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
-                                    slot, BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC,
-                                    HAS_ROW_SLOT)  # [BM, BN]
+                                    slot, lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                                    BLOCK_Q, BLOCK_K, BLOCK_N, USE_BITS, HAS_SINKS, HAS_DOC,
+                                    HAS_ROW_SLOT, USE_FN)  # [BM, BN]
             b_s = tl.where(allowed, b_s * scale_log2, float("-inf"))
             m_i, l_i, acc = online_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
         else:
@@ -62,6 +64,7 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
     "HAS_DOC": lambda a: a["DOC"] is not None,
     "HAS_SINKS": lambda a: a["sink_n"] > 0,
     "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
+    "USE_FN": lambda a: a["MASK_FN"] is not None,
     "USE_TMA": lambda a: a["desc_q"] is not None,
     "EVEN_K": lambda a: a["Lk"] % a["BLOCK_K"] == 0,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
@@ -75,11 +78,12 @@ def sparse_fwd_kernel(
     KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, ROW_ORDER, BITS, DOC, stride_doc_b, ROW_SLOT,
     TASKS, N_TASKS, WS_O, WS_LSE, ws_cap,
     Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale_log2,
-    band_lo, band_hi, sink_n, sink_lo, sink_hi,
+    band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    USE_FN: tl.constexpr,
 ):
     # ---- which rows (and, split, which slots of them) this program owns --------------------------------------
     pid = tl.program_id(0)
@@ -134,15 +138,15 @@ def sparse_fwd_kernel(
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
                                KV_COUNT, KV_INDEX, row, W, slot_lo, slot_hi, offs_m_abs, row_in_tile, doc_q,
                                DOC_ROW, BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
-                               rs_rows,
+                               rs_rows, lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, True, USE_BITS, HAS_SINKS, HAS_DOC,
-                               HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
+                               HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC, USE_FN)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
                                FULL_COUNT, FULL_INDEX, row, FW, full_lo, full_hi, offs_m_abs, row_in_tile, doc_q,
                                DOC_ROW, BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
-                               rs_rows,
+                               rs_rows, lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, False, USE_BITS, HAS_SINKS, HAS_DOC,
-                               HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC)
+                               HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC, USE_FN)
 
     # ---- one normalisation; empty rows give O = 0 and LSE = -inf -------------------------------------------
     b_o, b_lse = finalize(m_i, l_i, acc)

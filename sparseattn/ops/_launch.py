@@ -3,12 +3,13 @@ arguments every prefill kernel takes, cached launch plans, the TMA test and the 
 No ``@triton.jit`` code here."""
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _runtime
+from .. import _runtime, maskc
 from ..layout import BlockLayout
 from ..predicates import Predicate, kernel_predicate
 
@@ -53,28 +54,79 @@ def num_sms(device: torch.device) -> int:
     return CPU_SM_COUNT
 
 
-# ---- mask path: in-register predicate or per-tile bits ------------------------------------------------------
-def mask_path(layout: BlockLayout):
-    """``(predicate, bits)``: exactly one is used by the kernels for partial tiles (cached on the layout). A
-    dynamic layout's path is fixed by construction (its predicate, else its own tile_bits): nothing is read
-    from its contents, which may change."""
+# ---- mask path: in-register predicate, compiled mask_mod, or per-tile bits -------------------------------------
+class MaskPath(NamedTuple):
+    """How the kernels mask a layout's partial tiles: at most one of the three is set (none: no partial
+    tiles)."""
+    pred: Optional[Predicate]  # hand-written in-register predicate (bands, sinks, documents)
+    bits: Optional[torch.Tensor]  # per-tile packed bits
+    compiled: Optional[maskc.CompiledMask]  # the mask_mod's generated predicate
+
+
+MASK_PATHS = ("predicate", "compiled", "bits")
+_FORCED: Optional[str] = None
+
+
+@contextlib.contextmanager
+def forced_mask_path(kind: Optional[str]):
+    """Within the block, layouts take mask path ``kind`` (``"bits"``: per-tile bits even where a predicate
+    exists; ``"compiled"``: the generated predicate even where the hand-written one exists; None: the
+    default choice). For A/B measurements in one run; each choice is cached on the layout separately."""
+    global _FORCED
+    if kind is not None and kind not in ("bits", "compiled"):
+        raise ValueError(f"kind must be None, 'bits' or 'compiled', got {kind!r}")
+    before, _FORCED = _FORCED, kind
+    try:
+        yield
+    finally:
+        _FORCED = before
+
+
+def _compiled(layout: BlockLayout) -> Optional[maskc.CompiledMask]:
+    if max(layout.B, layout.H) >= maskc.HEAD_BOUND:  # outside the index ranges the predicate is exact for
+        return None
+    bound = maskc.pos_bound_for(max(layout.q_offset + layout.nq * layout.block_q, layout.nk * layout.block_k))
+    return maskc.compiled_for(layout.mask_mod, pos_bound=bound, device=layout.device)
+
+
+def mask_path(layout: BlockLayout) -> MaskPath:
+    """The mask path of ``layout`` (cached on it). Default order: the hand-written predicate where the pattern
+    has one (measured fastest); else the compiled mask_mod (:mod:`sparseattn.maskc`) when it traces; else
+    per-tile bits, which keep any mask exact (layouts from dense masks or ``tile_bits`` always take them).
+    A dynamic layout's path is fixed by construction (its predicate, else its own tile_bits): nothing is
+    read from its contents, which may change."""
+    forced = _FORCED
+
     def build():
-        pred = None if layout.tile_bits is not None and layout.mask_mod is None else kernel_predicate(layout.mask_mod)
-        bits = None
-        if pred is None and layout.dynamic:
-            bits = layout.tile_bits
-        elif pred is None and bool((layout.kv_count > 0).any()):
-            bits = layout.partial_tile_bits()
-        return pred, bits
-    return layout.plan("mask_path", build)
+        has_mask = layout.mask_mod is not None and layout.tile_bits is None
+        pred = kernel_predicate(layout.mask_mod) if forced is None and layout.mask_mod is not None else None
+        if pred is not None:
+            return MaskPath(pred, None, None)
+        if layout.dynamic:
+            if forced is None:
+                return MaskPath(None, layout.tile_bits, None)
+            raise ValueError("a dynamic layout's mask path is fixed by construction; it cannot be forced")
+        if not bool((layout.kv_count > 0).any()):
+            return MaskPath(None, None, None)
+        compiled = _compiled(layout) if has_mask and forced != "bits" else None
+        if forced == "compiled" and compiled is None:
+            raise ValueError("forced_mask_path('compiled'): this layout's mask does not compile "
+                             "(no mask_mod, tile_bits, or an operation the tracer cannot follow)")
+        if compiled is not None:
+            return MaskPath(None, None, compiled)
+        return MaskPath(None, layout.partial_tile_bits(), None)
+    return layout.plan(("mask_path", forced), build)
 
 
 def mask_path_name(layout: BlockLayout) -> str:
-    """``"predicate: ..."`` or ``"bits"``: how the kernels mask this layout's partial tiles."""
-    pred, bits = mask_path(layout)
-    if pred is not None:
-        return "predicate: " + pred.describe()
-    return "bits" if bits is not None else "none (no partial tiles)"
+    """``"predicate: ..."``, ``"compiled: <traced expression>"`` or ``"bits"``: how the kernels mask this
+    layout's partial tiles."""
+    path = mask_path(layout)
+    if path.pred is not None:
+        return "predicate: " + path.pred.describe()
+    if path.compiled is not None:
+        return "compiled: " + path.compiled.summary()
+    return "bits" if path.bits is not None else "none (no partial tiles)"
 
 
 def _doc_table(pred: Optional[Predicate], layout: BlockLayout, B: int) -> Optional[torch.Tensor]:
@@ -100,17 +152,22 @@ def _doc_table(pred: Optional[Predicate], layout: BlockLayout, B: int) -> Option
 
 def mask_kwargs(layout: BlockLayout, B: int) -> dict:
     """The keyword arguments every prefill kernel takes to mask partial tiles: ``BITS`` (None on the
-    predicate path), ``DOC`` (None without documents), the predicate's band/sink scalars and ``ROW_SLOT`` (the
-    member bits of a routed layout, else None). The kernels' ``@triton.heuristics`` derive their flags from
+    predicate path), ``DOC`` (None without documents), the predicate's band/sink scalars, ``ROW_SLOT`` (the
+    member bits of a routed layout, else None) and the compiled path's ``MASK_FN``, ``CAP0..CAP3``,
+    ``CAP_SHAPE`` (all None elsewhere). The kernels' ``@triton.heuristics`` derive their flags from
     these (``BITS is not None``, ``sink_n > 0``, ...)."""
-    pred, bits = mask_path(layout)
+    pred, bits, compiled = mask_path(layout)
     doc = _doc_table(pred, layout, B)
     band = pred.band if pred is not None else (0, -1)
     sink_n = pred.sink_n if pred is not None and pred.has_sinks else 0
     sink_lo, sink_hi = pred.sink_band if sink_n else (0, -1)
+    if compiled is not None:  # the captures on the layout's device, copied once per layout
+        fn_args = layout.plan(("mask_fn_args", compiled.key), lambda: compiled.kernel_args(layout.device))
+    else:
+        fn_args = dict(MASK_FN=None, CAP0=None, CAP1=None, CAP2=None, CAP3=None, CAP_SHAPE=None)
     return dict(BITS=bits, DOC=doc, stride_doc_b=doc.stride(0) if doc is not None and doc.dim() == 2 else 0,
                 band_lo=band[0], band_hi=band[1], sink_n=sink_n, sink_lo=sink_lo, sink_hi=sink_hi,
-                ROW_SLOT=layout.row_slot)
+                ROW_SLOT=layout.row_slot, **fn_args)
 
 
 def head_kwargs(layout: BlockLayout, Hq: int, Hkv: int) -> dict:

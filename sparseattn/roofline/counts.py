@@ -221,7 +221,8 @@ def _head_maps(layout: BlockLayout, s: Shape):
 
 
 def _mask_flags(layout: BlockLayout):
-    """``(uses_bits, has_doc)``: how the kernels mask this layout's partial tiles."""
+    """``(uses_bits, has_doc)``: how the kernels mask this layout's partial tiles. A compiled mask_mod
+    (``"compiled: ..."``) reads neither; the tables it may capture are not counted (small and cached)."""
     name = mask_path_name(layout)
     return name.startswith("bits"), "same document" in name
 

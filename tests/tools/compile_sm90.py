@@ -19,7 +19,8 @@ from triton.compiler import ASTSource  # noqa: E402
 import sparseattn._runtime as runtime  # noqa: E402
 
 runtime._BACKEND = "cuda"  # define the kernels as compiled JIT functions, not interpreted ones
-from sparseattn.kernels import decode, merge, prefill_bwd, prefill_fwd, route, select, transpose  # noqa: E402
+from sparseattn.kernels import (decode, mask_tiles, merge, prefill_bwd, prefill_fwd, route, select,  # noqa: E402
+                                transpose)
 
 TARGET = GPUTarget("cuda", 90, 32)
 I32, BF16, F32, U8 = "*i32", "*bf16", "*fp32", "*u8"
@@ -43,7 +44,8 @@ def compile_variant(kernel, ptrs: dict, floats=(), consts=None) -> str:
             consts[name] = rule(seen)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in jit.arg_names}
     src = ASTSource(jit, sig, {(jit.arg_names.index(k),): v for k, v in consts.items()})
-    flags = ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper() and not isinstance(v, int))
+    flags = ",".join(f"{k}={getattr(v, '__module__', v) if k == 'MASK_FN' else v}" for k, v in consts.items()
+                     if k.isupper() and not isinstance(v, int))
     try:
         triton.compile(src, target=TARGET)
         return f"ok    {jit.fn.__name__} {flags}"
@@ -51,35 +53,93 @@ def compile_variant(kernel, ptrs: dict, floats=(), consts=None) -> str:
         return f"FAIL  {jit.fn.__name__} {flags}: {type(e).__name__}: {str(e)[:2000]}"
 
 
-def variants():
-    # "member": a routed layout's row x slot bits on the causal predicate path (ROW_SLOT given)
-    mask_kinds = {"predicate+sinks": dict(sink_n=64, BITS=None, DOC=None, ROW_SLOT=None),
-                  "bits": dict(sink_n=0, DOC=None, ROW_SLOT=None), "documents": dict(sink_n=0, BITS=None, ROW_SLOT=None),
-                  "member": dict(sink_n=0, BITS=None, DOC=None)}
-    for kind, mask in mask_kinds.items():
-        extra = {k: v for k, v in (("BITS", U8), ("DOC", I32), ("ROW_SLOT", U8)) if k not in mask}
-        fwd = dict(Q=BF16, K=BF16, V=BF16, O=BF16, LSE=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32,
-                   FULL_INDEX=I32, ROW_ORDER=I32, **extra)
-        for d in (64, 128):
-            yield prefill_fwd.sparse_fwd_kernel, fwd, ("scale_log2",), dict(
-                HEAD_DIM=d, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128 if d == 128 else 64,
-                WARP_SPEC=False, desc_q=None, desc_k=None, desc_v=None, TASKS=None, N_TASKS=None, WS_O=None,
-                WS_LSE=None, **mask)
-        # the split forward: tasks of sparseattn.balance.plan, partial states to a float32 workspace
+NO_FN = dict(MASK_FN=None, CAP0=None, CAP1=None, CAP2=None, CAP3=None, CAP_SHAPE=None)
+
+
+def compiled_masks():
+    """Generated predicates (sparseattn.maskc) the kernels take as a constexpr: ``(name, fn, capture ptr types)``.
+    One indexes a per-head int32 table and a bool table with floor ``//``/``%`` on negative values (the helper
+    functions), one is block_random's int64 hash, one the stripes mask of the benchmarks, one a mask of the key
+    position alone (widened to the tile) with narrow-dtype wrap-around and int64 loads."""
+    from sparseattn import maskc, patterns as P
+    from sparseattn.bench import cases
+    tab = torch.zeros(4, 256, dtype=torch.int32)
+    keep = torch.zeros(256, dtype=torch.bool)
+    def tables(b, h, q, kv):
+        return (((tab[h, q] - tab[h, kv]) // 3) % 2 == 0) & keep[kv] | ((q - kv) % -5 == 0)
+    ids = torch.zeros(256, dtype=torch.int64)
+
+    def narrow(b, h, q, kv):
+        return ((kv.to(torch.uint8) + ids[kv].to(torch.int8)) * 3).to(torch.int16) > h
+
+    out = []
+    for name, mm in (("tables", tables), ("hash", P.block_random(0.3, 64, 1)), ("stripes", cases.stripes_mask()),
+                     ("narrow", narrow)):
+        c = maskc.compile_mask(mm)
+        types = [{torch.int32: I32, torch.int64: "*i64", torch.bool: "*i1"}[t.dtype] for t in c.captures]
+        out.append((name, c.fn, types))
+    return out
+
+
+def compiled_kind(fn, types):
+    caps = {f"CAP{i}": None for i in range(len(types), 4)}
+    return dict(sink_n=0, BITS=None, DOC=None, ROW_SLOT=None, MASK_FN=fn, **caps), \
+        dict({f"CAP{i}": t for i, t in enumerate(types)}, CAP_SHAPE=I32)
+
+
+NO_SPLIT = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None)
+
+
+def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True):
+    """The forward (head dims ``dims``; with ``split``, also the split forward) and, with ``backward``, the
+    dK/dV (both dQ modes) and dQ kernels."""
+    extra = {k: v for k, v in (("BITS", U8), ("DOC", I32), ("ROW_SLOT", U8)) if k not in mask}
+    extra.update(cap_ptrs)
+    fwd = dict(Q=BF16, K=BF16, V=BF16, O=BF16, LSE=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32,
+               FULL_INDEX=I32, ROW_ORDER=I32, **extra)
+    for d in dims:
+        yield prefill_fwd.sparse_fwd_kernel, fwd, ("scale_log2",), dict(
+            HEAD_DIM=d, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128 if d == 128 else 64,
+            WARP_SPEC=False, desc_q=None, desc_k=None, desc_v=None, **NO_SPLIT, **mask)
+    if split:  # the split forward: tasks of sparseattn.balance.plan, partial states to a float32 workspace
         yield prefill_fwd.sparse_fwd_kernel, {**fwd, "TASKS": I32, "N_TASKS": I32, "WS_O": F32, "WS_LSE": F32}, \
             ("scale_log2",), dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128, WARP_SPEC=False,
                                   desc_q=None, desc_k=None, desc_v=None, **mask)
-        for atomic in (False, True):
-            bwd = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, WS_K=F32, WS_V=F32,
-                       Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32, **extra,
-                       **({"DQ_ACC": F32} if atomic else {}))
-            yield prefill_bwd.dkdv_kernel, bwd, ("scale", "scale_log2"), dict(
-                HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask,
-                **({} if atomic else {"DQ_ACC": None}))
+    for atomic in ((False, True) if backward else ()):
+        bwd = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, WS_K=F32, WS_V=F32,
+                   Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32, **extra,
+                   **({"DQ_ACC": F32} if atomic else {}))
+        yield prefill_bwd.dkdv_kernel, bwd, ("scale", "scale_log2"), dict(
+            HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask,
+            **({} if atomic else {"DQ_ACC": None}))
+    if backward:
         dq = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DQ=BF16, KV_COUNT=I32, KV_INDEX=I32,
                   FULL_COUNT=I32, FULL_INDEX=I32, **extra)
         yield prefill_bwd.dq_kernel, dq, ("scale", "scale_log2"), dict(
             HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask)
+
+
+def variants():
+    # "member": a routed layout's row x slot bits on the causal predicate path (ROW_SLOT given)
+    mask_kinds = [(k, dict(m, **NO_FN), {}) for k, m in {
+        "predicate+sinks": dict(sink_n=64, BITS=None, DOC=None, ROW_SLOT=None),
+        "bits": dict(sink_n=0, DOC=None, ROW_SLOT=None), "documents": dict(sink_n=0, BITS=None, ROW_SLOT=None),
+        "member": dict(sink_n=0, BITS=None, DOC=None)}.items()]
+    for kind, mask, cap_ptrs in mask_kinds:
+        yield from prefill_variants(mask, cap_ptrs)
+    # compiled mask_mods: the one with captures through every prefill kernel, the others through the forward
+    compiled = compiled_masks()
+    for i, (name, fn, types) in enumerate(compiled):
+        yield from prefill_variants(*compiled_kind(fn, types), dims=(64, 128) if i == 0 else (128,), backward=i == 0,
+                                    split=i == 0)
+    for i, (name, fn, types) in enumerate(compiled):
+        caps = {f"CAP{j}": t for j, t in enumerate(types)}
+        for cells in ((False, True) if i == 0 else (False,)):
+            ptrs = dict(TB=I32, TH=I32, TQ=I32, TK=I32, ANY="*i8", ALL="*i8", CAP_SHAPE=I32, **caps,
+                        **({"CELLS": "*i8"} if cells else {}))
+            yield mask_tiles.mask_tiles_kernel, ptrs, (), dict(
+                MASK_FN=fn, BLOCK_Q=128, BLOCK_K=128, ROWS=32, **{f"CAP{j}": None for j in range(len(types), 4)},
+                **({} if cells else {"CELLS": None}))
     for sel in (False, True):
         ptrs = dict(Q=BF16, K_PAGES=BF16, V_PAGES=BF16, PAGE_TABLE=I32, SEQ_LENS=I32, SEQS=I32, O_PART=F32,
                     LSE_PART=F32, **({"SEL_INDEX": I32, "SEL_COUNT": I32} if sel else {}))

@@ -1,0 +1,37 @@
+"""A compiled mask_mod evaluated on whole tiles: one program per listed tile ``(b, h, q tile, k tile)``.
+
+The layout build classifies the tiles its tile rule leaves undecided by reducing the compiled predicate
+(:mod:`sparseattn.maskc`) over each tile to two facts, *some cell allowed* and *every in-range cell allowed*;
+no cell is ever written to memory, so the cost is the evaluation itself and memory stays O(tiles). With
+``CELLS`` given the program also writes the tile's cells (int8 ``[T, BLOCK_Q, BLOCK_K]``, 0 outside the
+sequences): what tests compare cell by cell against the eager mask_mod.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.heuristics({"WRITE_CELLS": lambda a: a["CELLS"] is not None})
+@triton.jit
+def mask_tiles_kernel(TB, TH, TQ, TK, ANY, ALL, CELLS, q_offset, q_len, kv_len,
+                      MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                      BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+                      WRITE_CELLS: tl.constexpr):
+    t = tl.program_id(0)
+    b = tl.load(TB + t)
+    h = tl.load(TH + t)
+    q0 = tl.load(TQ + t) * BLOCK_Q
+    k_pos = tl.load(TK + t) * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
+    k_ok = k_pos < kv_len
+    some = tl.zeros([ROWS, BLOCK_K], tl.int32)
+    every = tl.full([ROWS, BLOCK_K], 1, tl.int32)
+    for r0 in range(0, BLOCK_Q, ROWS):
+        rows = q0 + r0 + tl.arange(0, ROWS)  # [R] local query rows
+        ok = (rows < q_len)[:, None] & k_ok[None, :]  # [R, BK]
+        allowed = MASK_FN(b, h, (rows + q_offset)[:, None], k_pos[None, :], CAP0, CAP1, CAP2, CAP3, CAP_SHAPE)
+        some = some | (allowed & ok).to(tl.int32)
+        every = every & (allowed | ~ok).to(tl.int32)
+        if WRITE_CELLS:
+            local = (r0 + tl.arange(0, ROWS))[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
+            tl.store(CELLS + t.to(tl.int64) * (BLOCK_Q * BLOCK_K) + local, (allowed & ok).to(tl.int8))
+    tl.store(ANY + t, tl.max(tl.max(some, 1), 0).to(tl.int8))
+    tl.store(ALL + t, tl.min(tl.min(every, 1), 0).to(tl.int8))

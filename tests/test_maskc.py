@@ -1,0 +1,292 @@
+"""The mask_mod compiler (sparseattn.maskc): traced predicate == eager mask_mod cell by cell, the fallback to
+per-tile bits, the cache, the kernels on the compiled path, and the layout build's device path (interpreter)."""
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import sparseattn as sa
+from sparseattn import BlockLayout, _tiles as T, maskc, patterns as P
+from sparseattn.ops import forced_mask_path, mask_path_name
+from sparseattn.patterns import TileGrid
+from test_prefill_bwd import check_grads
+from test_prefill_fwd import rand, run_and_check
+
+FAST = settings(max_examples=6, deadline=None, derandomize=True)
+
+
+def eager_cells(mask_mod, B, H, Lq, Lk, q_offset):
+    """The mask_mod on every cell, eagerly (int64 index tensors): bool [B, H, Lq, Lk]."""
+    b = torch.arange(B).view(B, 1, 1, 1)
+    h = torch.arange(H).view(1, H, 1, 1)
+    q = (torch.arange(Lq) + q_offset).view(1, 1, Lq, 1)
+    k = torch.arange(Lk).view(1, 1, 1, Lk)
+    return torch.broadcast_to(mask_mod(b, h, q, k), (B, H, Lq, Lk))
+
+
+def compiled_cells(mask_mod, B, H, Lq, Lk, q_offset):
+    """The compiled predicate on every cell: one 128 x 128 tile per (b, h) of the mask_tiles kernel."""
+    assert Lq <= 128 and Lk <= 128
+    c = maskc.compile_mask(mask_mod)
+    b, h = (x.flatten() for x in torch.meshgrid(torch.arange(B), torch.arange(H), indexing="ij"))
+    zero = torch.zeros_like(b)
+    cells = T.eval_tiles_compiled(c, b, h, zero, zero, q_offset, Lq, Lk, 128, 128)
+    return cells.view(B, H, 128, 128)[:, :, :Lq, :Lk]
+
+
+def assert_compiles_exactly(mask_mod, B=2, H=3, Lq=97, Lk=120, q_offset=23):
+    want = eager_cells(mask_mod, B, H, Lq, Lk, q_offset)
+    got = compiled_cells(mask_mod, B, H, Lq, Lk, q_offset)
+    bad = (got != want).nonzero()
+    assert not bad.numel(), f"{len(bad)} cells differ, first (b, h, q, kv) = {bad[0].tolist()}"
+
+
+shapes = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 128), st.integers(1, 128),
+                   st.integers(0, 300))
+
+
+def catalogue_mask(draw, name):
+    L = 450  # covers q_offset + Lq for every drawn shape
+    if name in ("full", "causal"):
+        return P.CATALOGUE[name]()
+    if name == "sliding_window":
+        return P.sliding_window(draw(st.integers(1, 90)))
+    if name == "sinks":
+        return P.sinks(draw(st.integers(0, 40)))
+    if name == "sinks_window":
+        return P.sinks_window(draw(st.integers(0, 40)), draw(st.integers(1, 90)))
+    if name == "dilated":
+        return P.dilated(draw(st.integers(1, 9)))
+    if name == "block_random":
+        return P.block_random(draw(st.floats(0, 1)), draw(st.integers(1, 40)), draw(st.integers(0, 5)))
+    if name == "document":
+        n = draw(st.integers(1, 12))
+        g = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+        ids = torch.randint(0, n, (draw(st.sampled_from([1, 2])), L), generator=g)
+        if draw(st.booleans()):
+            ids = ids.sort(-1).values
+        ids = ids[0] if draw(st.booleans()) else ids
+        return P.document(ids.to(draw(st.sampled_from([torch.int64, torch.int32, torch.int16]))))
+    if name == "prefix_lm":
+        return P.prefix_lm(draw(st.integers(0, 60)))
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", sorted(P.CATALOGUE))
+@FAST
+@given(data=st.data(), shape=shapes)
+def test_every_catalogue_pattern_compiles_cell_by_cell(name, data, shape):
+    B, H, Lq, Lk, q_offset = shape
+    mm = catalogue_mask(data.draw, name)
+    if name == "document" and getattr(mm, "doc_ids").dim() == 2 and mm.doc_ids.shape[0] != B:
+        B = mm.doc_ids.shape[0]
+    assert_compiles_exactly(mm, B, H, Lq, Lk, q_offset)
+
+
+@FAST
+@given(data=st.data(), shape=shapes)
+def test_compositions_compile_cell_by_cell(data, shape):
+    B, H, Lq, Lk, q_offset = shape
+    names = [n for n in sorted(P.CATALOGUE) if n != "document"]
+
+    def leaf():
+        return catalogue_mask(data.draw, data.draw(st.sampled_from(names)))
+
+    def node(depth):
+        if depth == 0 or data.draw(st.booleans()):
+            return leaf()
+        kind = data.draw(st.sampled_from(["and", "or", "not"]))
+        if kind == "not":
+            return P.not_mask(node(depth - 1))
+        parts = [node(depth - 1) for _ in range(data.draw(st.integers(2, 3)))]
+        return (P.and_masks if kind == "and" else P.or_masks)(*parts)
+    assert_compiles_exactly(node(2), B, H, Lq, Lk, q_offset)
+
+
+def test_captured_tables_per_batch_and_head_any_integer_dtype():
+    g = torch.Generator().manual_seed(0)
+    tab = torch.randint(-5, 9, (3, 130), generator=g)  # [H, L]
+    per_b = torch.randint(0, 4, (2, 130), generator=g).to(torch.int8)  # [B, L]
+    win = torch.tensor([3, 17, 40], dtype=torch.int16)  # per-head window
+    keep = torch.rand(130, generator=g) < 0.5
+    u8 = torch.randint(0, 255, (130,), generator=g, dtype=torch.uint8)
+    masks = {
+        "per-head table, floor // and % of negatives": lambda b, h, q, kv: ((tab[h, q] - tab[h, kv]) // 3) % 4 == 1,
+        "per-batch ids, bool table": lambda b, h, q, kv: (per_b[b, q] == per_b[b, kv]) | keep[kv],
+        "per-head window": lambda b, h, q, kv: (kv <= q) & (q - kv < win[h].long()),
+        "uint8 and int16 arithmetic wraps as in eager torch": lambda b, h, q, kv: ((u8[q] + u8[kv]) > 200) ^ (
+            u8[q] * 3 - 1 < u8[kv].int() * 2) | ((tab.int()[h, q] * 2**30 + 5).to(torch.int16) > 0),
+        "negative indices wrap like torch": lambda b, h, q, kv: keep[kv - 130] & keep[-1 - q],
+        "where, minimum, maximum, abs, shifts, xor": lambda b, h, q, kv: torch.where(
+            q > kv, torch.minimum(q, kv * 2) % 5 == 0, (abs(q - kv) ^ (kv >> 2)) < torch.maximum(q, kv) // 3),
+        "truncating division": lambda b, h, q, kv: torch.div(kv - q, 7, rounding_mode="trunc") % 2 == 0,
+        "logical ops and bool arithmetic": lambda b, h, q, kv: torch.logical_xor(q > kv, keep[q]) & ~(
+            (q + (kv > 5)) % 3 == 0),
+        "wide integer arithmetic (int64 wrap)": lambda b, h, q, kv: ((q * 0x1E3779B97F4A7C15 + kv) >> 60) == 3,
+        "constant 0-d tensor": lambda b, h, q, kv: (q - kv) < torch.tensor(9),
+        "one position only": lambda b, h, q, kv: keep[kv],
+        "the head only": lambda b, h, q, kv: win[h] > 10,
+        "a constant": lambda b, h, q, kv: torch.ones_like(q) > 0,
+        "a variable shift": lambda b, h, q, kv: ((q << (kv % 40)) >> 33) % 2 == 0,
+        "powers of two: shift and mask floor for negatives": lambda b, h, q, kv: ((q - kv) // 16 + (kv - q) % 8) > 1,
+    }
+    for name, mm in masks.items():
+        B = 2 if "batch" in name else 1
+        assert_compiles_exactly(mm, B=B, H=3, Lq=128, Lk=128, q_offset=2), name
+
+
+def test_broadcasting_and_q_offset_through_layouts():
+    """GQA and a layout over 1 / KV / query heads, q_offset != 0 (fewer queries than keys)."""
+    win = torch.tensor([5, 30, 9, 60])
+    mm = lambda b, h, q, k: (k <= q) & ((q - k) < win[h]) | (k % 16 == 3)  # noqa: E731
+    for H in (1, 2, 4):
+        layout = BlockLayout.from_mask_mod(mm, 70, 100, 32, 32, H=H, device="cpu")
+        assert layout.q_offset == 30 and mask_path_name(layout).startswith("compiled: ")
+        run_and_check(layout, rand(1, 4, 70, 32, dtype=torch.float32), rand(1, 2, 100, 32, dtype=torch.float32),
+                      rand(1, 2, 100, 32, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_forward_and_backward_on_the_compiled_path(deterministic):
+    ids = torch.sort(torch.randint(0, 6, (2, 120))).values
+    heads = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)  # [B, H] per-batch, per-head switch
+    mm = lambda b, h, q, k: (k <= q) & ((ids[b, q] == ids[b, k]) | (((q - k) // 8) % 3 == heads[b, h]))  # noqa: E731
+    layout = BlockLayout.from_mask_mod(mm, 120, 120, 32, 32, B=2, H=2, device="cpu")
+    assert mask_path_name(layout).startswith("compiled: ")
+    q, k, v = (rand(2, 2, 120, 32, dtype=torch.float32) for _ in range(3))
+    o, _ = run_and_check(layout, q, k, v)
+    check_grads(layout, q, k, v, deterministic=deterministic)
+    if deterministic:
+        with forced_mask_path("bits"):  # the path it replaces gives the same output
+            assert mask_path_name(layout) == "bits"
+            torch.testing.assert_close(sa.sparse_attention(q, k, v, layout), o, atol=1e-6, rtol=1e-6)
+            check_grads(layout, q, k, v)
+
+
+def test_forced_compiled_path_on_a_predicate_pattern():
+    layout = BlockLayout.from_mask_mod(P.sinks_window(4, 24), 96, 96, 32, 32, device="cpu")
+    assert mask_path_name(layout).startswith("predicate")
+    q, k, v = (rand(1, 2, 96, 32, dtype=torch.float32) for _ in range(3))
+    with forced_mask_path("compiled"):
+        assert mask_path_name(layout).startswith("compiled: (kv_idx <= q_idx)")
+        run_and_check(layout, q, k, v)
+    with pytest.raises(ValueError, match="kind must be"):
+        with forced_mask_path("fast"):
+            pass
+    dense = BlockLayout.from_dense(torch.rand(1, 1, 96, 96) < 0.3, 32, 32)
+    assert mask_path_name(dense) == "bits"
+    with forced_mask_path("compiled"), pytest.raises(ValueError, match="does not compile"):
+        mask_path_name(dense)
+
+
+# ---- what does not compile: one warning naming the operation, then the exact bits path --------------------------
+UNSUPPORTED = {
+    "true division": (lambda b, h, q, k: (q / 2).floor() >= k, "true division"),
+    "a float table": (lambda b, h, q, k: SCORES[q, k] > 0.5, "float32 tensor"),
+    "five captured tensors": (lambda b, h, q, k: T5[0][q] & T5[1][q] & T5[2][k] & T5[3][k] & T5[4][q], "more than 4"),
+    "torch.as_tensor": (lambda b, h, q, k: torch.as_tensor(q) >= k, r"len\(\) of a traced value \(torch.as_tensor"),
+    "an attribute": (lambda b, h, q, k: k < q.shape[-1], "attribute or method .shape"),
+}
+SCORES = torch.rand(96, 96)
+T5 = [torch.rand(96) < 0.8 for _ in range(5)]
+
+
+@pytest.mark.parametrize("name", list(UNSUPPORTED))
+def test_unsupported_masks_warn_once_and_stay_exact(name):
+    mm, op = UNSUPPORTED[name]
+    layout = BlockLayout.from_mask_mod(mm, 96, 96, 32, 32, device="cpu")
+    with pytest.warns(maskc.MaskCompileWarning, match=op) as record:
+        assert mask_path_name(layout) == "bits"
+    assert len(record) == 1 and "partial tiles use per-tile bits" in str(record[0].message)
+    assert "\n" not in str(record[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same mask again: no second warning
+        assert mask_path_name(BlockLayout.from_mask_mod(mm, 96, 96, 32, 32, device="cpu")) == "bits"
+    if name == "a float table":
+        run_and_check(layout, *(rand(1, 1, 96, 16, dtype=torch.float32) for _ in range(3)))
+
+
+@pytest.mark.parametrize("mm,op", [
+    (lambda b, h, q, k: (k <= q) if q > 3 else k >= 0, "bool()"),
+    (lambda b, h, q, k: (q >= 0) and (k <= q), "bool()"),
+    (lambda b, h, q, k: min(q, k) > 2, "bool()"),
+    (lambda b, h, q, k: k <= int(q), "int()"),
+    (lambda b, h, q, k: 3, "returned int"),
+    (lambda b, h, q, k: q - k, "integer value"),
+    (lambda b, h, q, k: (q << k) > 0, "shift"),
+])
+def test_data_dependent_control_flow_does_not_trace(mm, op):
+    with pytest.raises(maskc.Unsupported, match=op.replace("(", r"\(").replace(")", r"\)")):
+        maskc.trace(mm)
+    with pytest.warns(maskc.MaskCompileWarning, match="is not compiled"):
+        assert maskc.compile_or_none(mm) is None
+
+
+def test_bad_input_names_the_argument():
+    with pytest.raises(TypeError, match="mask_mod must be callable"):
+        maskc.trace(3)
+    with pytest.raises(ValueError, match="pos_bound"):
+        maskc.trace(P.causal(), pos_bound=0)
+    tab = torch.arange(20).view(2, 10)
+    with pytest.raises(TypeError, match="float32 tensor; indices must be integers"):
+        maskc.trace(lambda b, h, q, k: tab[torch.tensor(1.0), q] > k)
+    with pytest.raises(TypeError, match="float32 tensor; indices must be integers"):
+        maskc.compile_or_none(lambda b, h, q, k: tab[torch.tensor(1.0), k] > q)
+
+
+# ---- the cache ----------------------------------------------------------------------------------------------------
+def test_cache_hits_for_an_equal_structure_with_other_captured_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEATTN_CACHE_DIR", str(tmp_path))
+    a, b = torch.sort(torch.randint(0, 5, (2, 200))).values
+    first, second = P.and_masks(P.causal(), P.document(a)), P.and_masks(P.causal(), P.document(b))
+    ca = maskc.compile_mask(first)
+    hits = maskc.STATS["hits"]
+    cb = maskc.compile_mask(second)
+    assert maskc.STATS["hits"] == hits + 1 and ca.key == cb.key and ca.fn is cb.fn
+    # the data is an argument, not part of the code
+    assert ca.captures[0].data_ptr() == a.data_ptr() and cb.captures[0].data_ptr() == b.data_ptr()
+    assert ca.key == maskc.compile_mask(P.and_masks(P.causal(), P.document(a.int()))).key  # a load is a load
+    assert ca.key != maskc.compile_mask(P.and_masks(P.causal(), P.document(a.to(torch.int8)))).key  # widened
+    assert ca.key != maskc.compile_mask(P.and_masks(P.causal(), P.sliding_window(7))).key
+    for mm in (first, second):
+        assert_compiles_exactly(mm, B=1, H=1, Lq=100, Lk=128, q_offset=70)
+    # the generated module is a real file Triton can read the source of
+    files = list(tmp_path.glob("sa_mask_*.py"))
+    assert files and all("@triton.jit" in f.read_text() for f in files)
+    assert maskc.generate(maskc.trace(first)) == maskc.generate(maskc.trace(second)) == ca.source
+
+
+def test_int32_unless_the_range_needs_int64():
+    narrow = maskc.compile_mask(lambda b, h, q, k: (q - k) % 7 < 3).source
+    assert "int64" not in narrow and "_mod(" in narrow  # q - k may be negative: floor modulo helper
+    nonneg = maskc.compile_mask(lambda b, h, q, k: (q + k) % 7 < 3).source
+    assert "_mod(" not in nonneg  # both operands non-negative: Triton's % agrees with torch's
+    assert "tl.int64" in maskc.compile_mask(lambda b, h, q, k: q * k > 1 << 40).source
+    assert "tl.int64" in maskc.compile_mask(lambda b, h, q, k: q * k > 5, pos_bound=1 << 31).source
+
+
+# ---- the layout build's device path ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["plain lambda", "tables per batch and head", "listed tiles", "undecided docs"])
+def test_layout_device_path_equals_the_torch_path(case):
+    g = torch.Generator().manual_seed(1)
+    tab = torch.randint(0, 3, (2, 3, 200), generator=g)[0]  # [3, 200]: rows per head, then per batch row
+    B, H, listed = 1, 1, None
+    if case == "plain lambda":
+        mm = lambda b, h, q, k: (k <= q) & (((q - k) // 32) % 3 == 0)  # noqa: E731
+    elif case == "tables per batch and head":
+        mm, B, H = (lambda b, h, q, k: (tab[h, q] == tab[2 - h, k]) | (tab[b, k] == 2)), 2, 3
+    elif case == "listed tiles":
+        mm = P.dilated(5)
+        listed = torch.rand(1, 1, 5, 7, generator=g) < 0.6
+    else:  # unsorted ids: the tile rule leaves the tiles undecided
+        mm = P.document(torch.randint(0, 4, (200,), generator=g))
+    grid = TileGrid(40, 150, 200, 32, 32, B, H, torch.device("cpu"))
+    got = T.classify(mm, grid, listed, use_kernel=True)
+    want = T.classify(mm, grid, listed, use_kernel=False)
+    assert got[0].any() and all(torch.equal(x, y) for x, y in zip(got, want))
+    with T.classify_kernel(True):
+        a = BlockLayout.from_mask_mod(mm, 150, 200, 32, 32, B=B, H=H, device="cpu")
+    b = BlockLayout.from_mask_mod(mm, 150, 200, 32, 32, B=B, H=H, device="cpu")
+    for name in ("kv_count", "kv_index", "full_count", "full_index"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
