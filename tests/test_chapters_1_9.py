@@ -191,7 +191,8 @@ def test_roofline_tails_profiles_and_explorer(xo):
         kept = lay.stats()["logical_edges"] / (4096 * 4097 / 2 if fam != "block_random" else 4096 ** 2)
         assert 0.1 < kept < 0.4, (fam, kept)
     t = V9.terms_figure("documents", 4096, 0.2, "fp32")
-    assert "verdict" not in t.layout.title.text and ("faster here" in t.layout.title.text)
+    assert "verdict" not in t.layout.title.text and ("faster here" in t.layout.title.text
+                                                     or "tie (within the model's error" in t.layout.title.text)
     assert [tr.name for tr in t.data][:4] == ["compute", "memory", "launch", "index"]
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Tuple
 _AXIS_ATTRS = ("range", "type", "tickvals", "ticktext", "title.text", "autorange", "dtick")
 _DROPDOWN_ROW = 42  # px per row of dropdowns above the plot
 _SLIDER_ROW = 78  # px per slider below the plot
+_TITLE_LINE = 19  # px per line of a figure title (12 px font, <sup> caption lines included)
 
 
 def _is_numeric(values) -> bool:
@@ -115,6 +116,11 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
     margin = out.layout.margin.to_plotly_json() if out.layout.margin else {}
     top, bottom = max(margin.get("t", 80), 90), margin.get("b", 60)
     extra_top = _DROPDOWN_ROW if menus else 0
+    if menus:  # the title (with its measured-where-and-when caption) keeps the top of the figure, the menus
+        # the row under it: size the top margin for the longest title of any combination, so no menu covers it
+        lines = max(1 + (u["title.text"] or "").count("<br>") for u in updates.values())
+        top = max(top, _TITLE_LINE * lines + 40)
+        out.update_layout(title=dict(yref="container", y=1.0, yanchor="top", pad=dict(t=8)))
     extra_bottom = _SLIDER_ROW * len(sliders)
     height = (out.layout.height or 450) + extra_top + extra_bottom
     plot_h = height - (top + extra_top) - (bottom + extra_bottom)

@@ -21,7 +21,7 @@ from .cases import random_diag_layout
 from .counts import Shape, as_shape
 from .model import IMPLS, Cost, cost
 
-__all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "Report", "report",
+__all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "Report", "report", "TIE_BAND", "verdict_of",
            "envelope_of", "envelope_layout", "family_layout", "family_pattern", "documents_of"]
 
 N_GRID = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384)
@@ -274,8 +274,13 @@ class Report:
 
     @property
     def faster(self) -> bool:
-        """Whether our kernel beats cuDNN on the envelope here."""
+        """Whether our kernel beats cuDNN on the envelope here (the ratio alone; see :attr:`tie`)."""
         return self.speedup > 1
+
+    @property
+    def tie(self) -> bool:
+        """A predicted ratio too close to 1 for the model to call (within ``TIE_BAND``): the verdict says tie."""
+        return self.source == "predicted" and 1 / TIE_BAND <= self.speedup <= TIE_BAND
 
     def rows(self) -> List[dict]:
         """One dict per implementation: predicted and measured ms, the bound and the terms (ms)."""
@@ -397,12 +402,30 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
     return _finish(f"{name} B={s.B} Hq={s.Hq} Hkv={s.Hkv} D={s.D}", pass_, env, predicted, measured, costs)
 
 
+#: A predicted ratio within this factor of 1 is a tie: the model's error on the held-out sweep is of this order
+#: (chapter 9: "within 25%" is its accuracy target), so it cannot say which side wins.
+TIE_BAND = 1.25
+
+
+def verdict_of(ratio: float, source: str, env: str) -> str:
+    """The verdict on ``ratio`` = cuDNN time / our time (> 1: sparse faster). A ``"predicted"`` ratio inside
+    ``[1 / TIE_BAND, TIE_BAND]`` is a tie within the model's error; a ``"measured"`` one decides alone."""
+    if source not in ("predicted", "measured"):
+        raise ValueError(f"source must be 'predicted' or 'measured', got {source!r}")
+    if not ratio > 0:
+        raise ValueError(f"ratio must be a positive time ratio, got {ratio!r}")
+    if source == "predicted" and 1 / TIE_BAND <= ratio <= TIE_BAND:
+        return (f"tie (within the model's error: predicted {ratio:.2f}x over {env} cuDNN, "
+                f"inside the +-{TIE_BAND - 1:.0%} band")
+    return (f"sparse is faster here ({source} {ratio:.2f}x over {env} cuDNN" if ratio > 1 else
+            f"dense is faster here ({env} cuDNN {source} {1 / ratio:.2f}x faster")
+
+
 def _finish(what, pass_, env, predicted, measured, costs) -> Report:
     use = measured if measured.get("sparseattn") is not None and measured.get("cudnn") is not None else predicted
     src = "measured" if use is measured else "predicted"
     ratio = use["cudnn"] / use["sparseattn"]
-    verdict = (f"sparse is faster here ({src} {ratio:.2f}x over {env} cuDNN" if ratio > 1 else
-               f"dense is faster here ({env} cuDNN {src} {1 / ratio:.2f}x faster")
+    verdict = verdict_of(ratio, src, env)
     if use.get("flex") is not None:
         verdict += f"; FlexAttention {use['cudnn'] / use['flex']:.2f}x"
     verdict += ")"
