@@ -21,7 +21,7 @@ from .cases import random_diag_layout
 from .counts import Shape, as_shape
 from .model import IMPLS, Cost, cost
 
-__all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "Report", "report", "TIE_BAND", "verdict_of",
+__all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "bracket", "describe_bracket", "Report", "report", "TIE_BAND", "verdict_of",
            "envelope_of", "envelope_layout", "family_layout", "family_pattern", "documents_of"]
 
 N_GRID = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384)
@@ -196,6 +196,48 @@ def crossing(grid: Sequence[float], ours: Sequence[float], dense: Sequence[float
         a, b = i - 1, i
     t = r[a] / (r[a] - r[b])
     return math.exp(xs[a] + t * (xs[b] - xs[a])), "crosses"
+
+
+def bracket(grid: Sequence[float], ours: Sequence[float], dense: Sequence[float], variable: str) -> dict:
+    """A measured crossover as the two grid points that bracket it, with no interpolation: one median per point
+    cannot place it more finely (the short-N points vary from run to run).
+
+    Returns ``{"state", "lo", "hi", "n"}``: ``state`` is ``"crosses"`` (``variable="N"``: ours loses at ``lo``
+    and wins at every grid point from ``hi`` on; ``"keep"``: ours wins at every fraction up to ``lo`` and loses
+    at ``hi``), ``"always"``/``"never"`` (ahead / behind at all ``n`` points), or ``"too few"`` when ``n < 2``
+    (one point says nothing about a crossing). Same arguments and errors as :func:`crossing`."""
+    value, state = crossing(grid, ours, dense, variable)
+    n = len(grid)
+    wins = [o < d for o, d in zip(ours, dense)]
+    out = {"state": state, "lo": None, "hi": None, "n": n, "wins": sum(wins)}
+    if n < 2:
+        out["state"] = "too few"
+    elif state == "crosses" and variable == "N":
+        i = max(j for j, w in enumerate(wins) if not w)
+        out.update(lo=grid[i], hi=grid[i + 1])
+    elif state == "crosses":
+        i = min(j for j, w in enumerate(wins) if not w)
+        out.update(lo=grid[i - 1], hi=grid[i])
+    return out
+
+
+def describe_bracket(b: dict, variable: str = "N") -> str:
+    """A :func:`bracket` in words: "between N = 4096 and 8192", "ahead at all 5 lengths", "not enough points
+    (n=1)"."""
+    what = "lengths" if variable == "N" else "kept fractions"
+    fmt = (lambda x: f"{x:.0f}") if variable == "N" else (lambda x: f"{x:.3g}")
+    if b["state"] == "too few":
+        return f"not enough points (n={b['n']})"
+    if b["state"] == "always":
+        return f"ahead at all {b['n']} {what}"
+    if b["state"] == "never" and b["wins"] == 0:
+        return f"behind at all {b['n']} {what}"
+    if b["state"] == "never":  # ahead somewhere, behind at the end that decides
+        return (f"behind at the longest length (ahead at {b['wins']} of {b['n']})" if variable == "N" else
+                f"behind at the sparsest fraction (ahead at {b['wins']} of {b['n']})")
+    if variable == "N":
+        return f"between N = {fmt(b['lo'])} and {fmt(b['hi'])}"
+    return f"between kept {fmt(b['hi'])} and {fmt(b['lo'])}"
 
 
 def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Sequence[float]] = None,
