@@ -179,3 +179,17 @@ def test_prefill_baseline_is_the_patterns_envelope():
     from sparseattn.bench.cases import dense_pattern_of
     assert [dense_pattern_of(p) for p in ("causal", "window1024", "sinks64+window1024", "random10%+diag")] == \
         ["causal", "causal", "causal", "dense"]
+
+
+def test_static_explorer_can_start_at_a_chosen_value():
+    import plotly.graph_objects as go
+    from sparseattn.book import static_explorer
+
+    def make(pattern, N):
+        return go.Figure(go.Scatter(x=[1, 2], y=[N, N + 1], name=f"{pattern} {N}"), layout=dict(title=f"{pattern} {N}"))
+    fig = static_explorer(make, {"pattern": ["a", "b"], "N": [1024, 16384]}, start={"N": 16384})
+    shown = [tr.name for tr in fig.data if tr.visible]
+    assert shown == ["a 16384"] and fig.layout.title.text == "a 16384"
+    assert fig.layout.sliders[0].active == 1
+    with pytest.raises(ValueError, match="start"):
+        static_explorer(make, {"pattern": ["a"], "N": [1024]}, start={"N": 99})

@@ -200,7 +200,7 @@ def test_roofline_tails_profiles_and_explorer(xo):
     assert [t["launch_share"] for t in tails] == sorted((t["launch_share"] for t in tails), reverse=True)
     V9.tail_figure(tails)
     prof = V9.profile_figure(xo.meta["profiles"])
-    assert [tr.name for tr in prof.data] == ["kernel", "index", "route", "launch"]
+    assert [tr.name for tr in prof.data] == ["kernel", "index", "route", "host / idle"]
     with pytest.raises(LookupError):
         V9.profile_figure({})
     for fam in V9.EXPLORER_FAMILIES:

@@ -11,7 +11,7 @@ with no kernel and no custom JavaScript.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 _AXIS_ATTRS = ("range", "type", "tickvals", "ticktext", "title.text", "autorange", "dtick")
 _DROPDOWN_ROW = 42  # px per row of dropdowns above the plot
@@ -47,12 +47,13 @@ def _layout_updates(figs) -> List[dict]:
     return out
 
 
-def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = ""):
+def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "", start: Optional[dict] = None):
     """One figure over every combination of ``grid`` (``name -> list of values``), one control per parameter
     with more than one value (numbers: a slider; anything else: a dropdown). The first value of each
-    parameter is shown first. ``title`` is used where a combination's figure has none.
+    parameter is shown first, or the value ``start`` gives for it. ``title`` is used where a combination's
+    figure has none.
 
-    Raises ValueError for an empty grid or a parameter without values."""
+    Raises ValueError for an empty grid, a parameter without values, or a ``start`` value not in the grid."""
     import plotly.graph_objects as go
     if not grid:
         raise ValueError("grid must name at least one parameter with its values")
@@ -61,9 +62,15 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
             raise ValueError(f"grid[{name!r}] must be a non-empty list of values, got {values!r}")
     names = list(grid)
     sizes = [len(grid[n]) for n in names]
+    start = dict(start or {})
+    for name, value in start.items():
+        if name not in grid or value not in grid[name]:
+            raise ValueError(f"start[{name!r}] = {value!r} is not one of the grid's values "
+                             f"{grid.get(name, 'no such parameter')}")
     combos = list(itertools.product(*(range(s) for s in sizes)))
     figs = [make_figure(**{n: grid[n][i] for n, i in zip(names, c)}) for c in combos]
-    out = go.Figure(layout=figs[0].layout)
+    base = tuple(grid[n].index(start[n]) if n in start else 0 for n in names)
+    out = go.Figure(layout=figs[combos.index(base)].layout)
     spans, start = {}, 0
     for c, f in zip(combos, figs):
         for tr in f.data:
@@ -107,10 +114,9 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
                     xanchor="left", yanchor="bottom", pad={"b": 6},
                     buttons=[dict(method="update", label=f"{name}: {values[v]}", args=args) for v, args in options])
 
-    base = (0,) * len(sizes)
     for i, tr in enumerate(out.data):
         tr.visible = spans[base][0] <= i < spans[base][1]
-    first = {k: control(k, base[:k]) for k in controlled}
+    first = {k: dict(control(k, base[:k]), active=base[k]) for k in controlled}
     sliders = [first[k] for k in controlled if kind[k] == "slider"]
     menus = [first[k] for k in controlled if kind[k] == "dropdown"]
     margin = out.layout.margin.to_plotly_json() if out.layout.margin else {}

@@ -237,7 +237,7 @@ def describe_bracket(b: dict, variable: str = "N") -> str:
                 f"behind at the sparsest fraction (ahead at {b['wins']} of {b['n']})")
     if variable == "N":
         return f"between N = {fmt(b['lo'])} and {fmt(b['hi'])}"
-    return f"between kept {fmt(b['hi'])} and {fmt(b['lo'])}"
+    return f"between kept {fmt(b['lo'])} and {fmt(b['hi'])}"
 
 
 def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Sequence[float]] = None,
