@@ -57,18 +57,24 @@ def intensity_points(N: int = 16384, shape: Optional[Shape] = None, decode_shape
             c = cost(lay, s, pass_)
             out.append(_point(f"{name}, {pass_}", pass_, c))
     d = decode_shape or DECODE_SHAPE
+    G = d.Hq // d.Hkv
+    block_g = max(16, 1 << (G - 1).bit_length())  # the kernel's group tile (counts.py): padded rows multiplied
     for keep in (None, 0.1):
         c = cost(None, d, "decode", keep=keep, graph=True)
         out.append(_point(f"decode B={d.B}, {'all pages' if keep is None else f'{keep:.0%} of the pages'}",
-                          "decode", c))
+                          "decode", c, useful=G / block_g))
     return out
 
 
-def _point(label: str, pass_: str, c) -> dict:
+def _point(label: str, pass_: str, c, useful: float = 1.0) -> dict:
+    """``useful``: the share of the priced FLOPs that are useful (decode multiplies a group tile padded to 16
+    rows for G query heads: G / 16). ``intensity`` and ``tflops`` count useful FLOPs; ``padded_intensity``
+    what the tensor cores multiply."""
     requested = sum(c.bytes_requested.values())
-    return {"label": label, "pass": pass_, "flops": c.flops, "hbm_bytes": c.D_hbm, "requested_bytes": requested,
-            "intensity": c.intensity, "requested_intensity": c.tile_intensity, "predicted_ms": c.predicted_ms,
-            "tflops": c.flops / (c.predicted_ms * 1e9), "bound": c.bound}
+    return {"label": label, "pass": pass_, "flops": c.flops * useful, "hbm_bytes": c.D_hbm,
+            "requested_bytes": requested, "intensity": c.intensity * useful,
+            "padded_intensity": c.intensity, "requested_intensity": c.tile_intensity * useful,
+            "predicted_ms": c.predicted_ms, "tflops": c.flops * useful / (c.predicted_ms * 1e9), "bound": c.bound}
 
 
 def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: str = "bfloat16") -> go.Figure:
@@ -77,7 +83,7 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
     rate its predicted time implies."""
     c = ceil or recorded_ceilings()
     P, W = c.matmul(dtype), c.hbm_read_tbps
-    xs = [p[k] for p in points for k in ("intensity", "requested_intensity")]
+    xs = [p[k] for p in points for k in ("intensity", "requested_intensity", "padded_intensity")]
     lo, hi = min(xs) / 2, max(xs) * 2
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     fig = go.Figure()
@@ -92,12 +98,17 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
                                  marker=dict(symbol=["circle-open", "circle"], size=[8, 11], color=col),
                                  hovertemplate=f"{p['label']}: %{{x:.3g}} FLOP/B, {p['tflops']:.0f} TFLOP/s "
                                                f"({p['bound']}-bound)<extra></extra>"))
+        if p["padded_intensity"] != p["intensity"]:  # decode: what the padded group tile multiplies
+            fig.add_trace(go.Scatter(x=[p["padded_intensity"]], y=[p["tflops"]], mode="markers",
+                                     name=f"{p['label']}: padded tile ({p['padded_intensity']:.0f} FLOP/B "
+                                          "multiplied, not useful)",
+                                     marker=dict(symbol="x-thin-open", size=10, color=col, line=dict(width=2))))
     ys = [p["tflops"] for p in points] + [min(P, lo * W)]
     fig.update_layout(xaxis_type="log", yaxis_type="log", height=520, title_font_size=12,
                       xaxis_title="arithmetic intensity (FLOP per HBM byte)", yaxis_title="TFLOP/s (predicted)",
                       title=f"Roofline of the {c.device}, {dtype}<br><sup>filled: compulsory bytes (each byte "
-                            f"once); open: bytes the programs request<br>(no reuse across programs); rates from "
-                            f"the cost model</sup>",
+                            f"once); open: bytes the programs request<br>(no reuse across programs); useful FLOPs "
+                            f"(decode's padded group tile marked x); rates from the cost model</sup>",
                       legend=dict(font=dict(size=10)))
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(min(ys) / 1.5), math.log10(P * 1.5)])
