@@ -130,6 +130,17 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
     extra_bottom = _SLIDER_ROW * len(sliders)
     height = (out.layout.height or 450) + extra_top + extra_bottom
     plot_h = height - (top + extra_top) - (bottom + extra_bottom)
+    legend = out.layout.legend
+    if sliders and legend is not None and legend.orientation == "h" and (legend.y or 0) < 0:
+        # a legend under the plot: put the sliders under the legend (about three entries a row, 22 px each)
+        entries = sum(1 for i, tr in enumerate(out.data) if spans[base][0] <= i < spans[base][1]
+                      and tr.showlegend is not False)
+        below = -legend.y * max(plot_h, 100) + 22 * -(-entries // 3) + 16
+        extra = max(0, int(below) - 64)
+        for sl in sliders:
+            sl["pad"] = {**sl["pad"], "t": sl["pad"]["t"] + extra}
+        height += extra
+        extra_bottom += extra
     for m in menus:  # between the title and the subplot titles: 30 px above the plotting area
         m["y"] = 1 + 30 / max(plot_h, 100)
     out.update_layout(sliders=sliders, updatemenus=menus, height=height, title_text=updates[base]["title.text"],

@@ -27,7 +27,10 @@ def log_ticks(lo: float, hi: float, at_least: int = 3) -> Tuple[List[float], Lis
         if len(vals) >= at_least:
             break
     while len(vals) > 12:  # a wide span: keep every other tick, the powers of ten first
-        vals = [v for i, v in enumerate(vals) if i % 2 == 0 or math.log10(v).is_integer()]
+        fewer = [v for i, v in enumerate(vals) if i % 2 == 0 or math.log10(v).is_integer()]
+        if len(fewer) == len(vals):  # only powers of ten left: keep every other one
+            fewer = vals[::2]
+        vals = fewer
     return vals, [f"{v:g}" for v in vals]
 
 

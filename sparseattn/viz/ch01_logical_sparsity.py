@@ -248,8 +248,8 @@ def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title
     measured times as black diamonds."""
     f = {k: v / 1e12 for k, v in ledger["flops"].items()}
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22,
-                        subplot_titles=("work: tile matmul TFLOP of one forward (exact counts)",
-                                        "time: ms per forward call (cost model, H200; diamonds: measured)"))
+                        subplot_titles=("work: tile-matmul TFLOP of one forward (exact)",
+                                        "time: ms per forward (model, H200; diamonds: measured)"))
     env_name = f"envelope ({ledger['envelope']})"
     for name, value, color in (("removed: tiles never scheduled", f["removed"], "#c7e9c0"),
                                ("remaining: allowed cells", f["useful"], COLORS[Impl.OURS]),
@@ -268,10 +268,11 @@ def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title
             fig.add_trace(go.Scatter(y=[y for y, _ in ys], x=[x for _, x in ys], mode="markers", name="measured",
                                      marker=dict(symbol="diamond", size=13, color="black"), legendgroup="time"), 2, 1)
     lay, s = ledger["layout"], ledger["shape"]
-    fig.update_layout(barmode="stack", height=520, title_font_size=12, legend=dict(font=dict(size=10)),
+    fig.update_layout(barmode="stack", height=640, title_font_size=12,
+                      legend=dict(font=dict(size=10), orientation="h", y=-0.12, yanchor="top"),
                       title=title or (f"N={lay.q_len}, B={s.B}, H={s.Hq}, D={s.D}: {ledger['tiles']['listed']} of "
                                       f"{ledger['tiles']['envelope']} envelope tiles kept; tables "
-                                      f"{ledger['index_bytes'] / 1e3:.1f} kB"), margin=dict(l=130))
+                                      f"{ledger['index_bytes'] / 1e3:.1f} kB"), margin=dict(l=130, b=200))
     fig.update_xaxes(title_text="TFLOP", row=1, col=1)
     fig.update_xaxes(title_text="ms", row=2, col=1)
     fig.update_yaxes(title_text="work", row=1, col=1)
