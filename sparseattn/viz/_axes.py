@@ -43,12 +43,12 @@ def _values(tr, letter: str) -> List[float]:
 
 
 def full_log_ticks(fig: go.Figure) -> go.Figure:
-    """Give every log axis of ``fig`` explicit ticks with full labels (:func:`log_ticks`), over its range when
-    it has one, else over the values its traces draw. Returns ``fig``."""
+    """Give every log axis of ``fig`` that has no explicit ticks yet ticks with full labels (:func:`log_ticks`),
+    over its range when it has one, else over the values its traces draw. Returns ``fig``."""
     lay = fig.layout
     for name in [k for k in lay.to_plotly_json() if k.startswith(("xaxis", "yaxis"))] or []:
         ax = lay[name]
-        if ax.type != "log":
+        if ax.type != "log" or ax.tickvals is not None:  # explicit ticks (the measured lengths) stay
             continue
         letter, ident = name[0], name[0] + name[5:]
         if ax.range is not None and None not in ax.range:

@@ -112,7 +112,7 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
                       legend=dict(font=dict(size=10)))
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(min(ys) / 1.5), math.log10(P * 1.5)])
-    return fig
+    return tidy_log(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def prediction_scatter(doc: BenchFile, exclude=()) -> go.Figure:
                             f"{doc.caption()}</sup>")
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(lo), math.log10(hi)])
-    return fig
+    return tidy_log(fig)
 
 
 def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
@@ -169,7 +169,7 @@ def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
                       yaxis_title="predicted / measured", xaxis_title="series (implementation, pass)", title=f"Ratio per series (band: +-25%)<br><sup>"
                                                                 f"{doc.caption()}</sup>")
     fig.update_yaxes(range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
-    return fig
+    return tidy_log(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def tail_figure(points: List[dict], title: str = "") -> go.Figure:
                       title=title or "What short sequences pay beyond their tiles (cost model, H200)",
                       legend=dict(orientation="h", y=-0.3))
     fig.update_xaxes(range=[math.log10(points[0]["N"]) - 0.05, math.log10(points[-1]["N"]) + 0.05])
-    return fig
+    return tidy_log(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------
