@@ -250,9 +250,9 @@ def recall_figure(doc: BenchFile) -> go.Figure:
     fig.update_yaxes(title_text="recall (share of softmax mass)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
     fig.update_layout(height=400, title_font_size=12, showlegend=False,
-                      title=f"Recall vs speed, N={m['N']} (synthetic topic inputs, "
-                            f"{routes[0].get('recall_rows')} sampled rows per head)<br><sup>each query block keeps "
-                            f"its top-k blocks + 1 local + 1 sink; {doc.caption()}</sup>")
+                      title=f"Recall vs speed, N={m['N']}<br><sup>synthetic topic inputs, "
+                            f"{routes[0].get('recall_rows')} sampled rows per head; each query block keeps its "
+                            f"top-k blocks + 1 local + 1 sink<br>{doc.caption()}</sup>", margin=dict(t=110))
     return fig
 
 
