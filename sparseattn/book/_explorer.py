@@ -126,7 +126,8 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
         # the row under it: size the top margin for the longest title of any combination, so no menu covers it
         lines = max(1 + (u["title.text"] or "").count("<br>") for u in updates.values())
         top = max(top, _TITLE_LINE * lines + 40)
-        out.update_layout(title=dict(yref="container", y=1.0, yanchor="top", pad=dict(t=8)))
+        out.update_layout(title=dict(yref="container", y=1 - 24 / ((out.layout.height or 450) + _DROPDOWN_ROW),
+                                     yanchor="top"))
     extra_bottom = _SLIDER_ROW * len(sliders)
     height = (out.layout.height or 450) + extra_top + extra_bottom
     plot_h = height - (top + extra_top) - (bottom + extra_bottom)
