@@ -125,7 +125,7 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
     if menus:  # the title (with its measured-where-and-when caption) keeps the top of the figure, the menus
         # the row under it: size the top margin for the longest title of any combination, so no menu covers it
         lines = max(1 + (u["title.text"] or "").count("<br>") for u in updates.values())
-        top = max(top, _TITLE_LINE * lines + 40)
+        top = max(top, _TITLE_LINE * lines + 60)  # title from 24 px down; the menu row 20 px above `top`
         out.update_layout(title=dict(yref="container", y=1 - 24 / ((out.layout.height or 450) + _DROPDOWN_ROW),
                                      yanchor="top"))
     extra_bottom = _SLIDER_ROW * len(sliders)
