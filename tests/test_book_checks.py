@@ -111,3 +111,21 @@ def test_an_output_line_cut_on_the_right_is_reported(browser, tmp_path):
     line = "a claim printed on one line far wider than the column it is shown in " * 3
     html = f"<div class='cell_output' style='width: 300px'><pre style='overflow-x: auto'>{line}</pre></div>"
     assert any("output line is cut" in p for p in _problems(browser, _page(tmp_path, "wide", html)))
+
+
+def test_a_menu_over_the_caption_is_reported_and_the_explorer_keeps_clear(browser, tmp_path):
+    import plotly.graph_objects as go
+    from sparseattn.book import static_explorer
+    title = "a figure<br><sup>measured on an H200, 2026-11-30, torch 2.11</sup><br><sup>second caption line</sup>"
+    bad = _titled(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])), title)
+    bad.update_layout(height=400, margin=dict(t=100, b=80), title=dict(yref="container", y=0.9, yanchor="top"),
+                      updatemenus=[dict(type="dropdown", x=0.0, y=1.05, xanchor="left", yanchor="bottom",
+                                        buttons=[dict(label="pattern: a", method="skip")])])
+    assert any("dropdown menu covers" in p for p in _problems(browser, _page(tmp_path, "menu", "", [bad])))
+
+    def make(pattern, n):
+        return _titled(go.Figure(go.Scatter(x=[1, 2], y=[1, n])), title.replace("figure", f"figure {pattern}"))
+    good = static_explorer(make, {"pattern": ["a", "b"], "n": [2, 3]})
+    good.update_layout(width=600)
+    found = _problems(browser, _page(tmp_path, "explorer", "", [good]))
+    assert not [p for p in found if "dropdown menu covers" in p], found

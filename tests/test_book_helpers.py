@@ -179,3 +179,36 @@ def test_prefill_baseline_is_the_patterns_envelope():
     from sparseattn.bench.cases import dense_pattern_of
     assert [dense_pattern_of(p) for p in ("causal", "window1024", "sinks64+window1024", "random10%+diag")] == \
         ["causal", "causal", "causal", "dense"]
+
+
+def test_static_explorer_can_start_at_a_chosen_value():
+    import plotly.graph_objects as go
+    from sparseattn.book import static_explorer
+
+    def make(pattern, N):
+        return go.Figure(go.Scatter(x=[1, 2], y=[N, N + 1], name=f"{pattern} {N}"), layout=dict(title=f"{pattern} {N}"))
+    fig = static_explorer(make, {"pattern": ["a", "b"], "N": [1024, 16384]}, start={"N": 16384})
+    shown = [tr.name for tr in fig.data if tr.visible]
+    assert shown == ["a 16384"] and fig.layout.title.text == "a 16384"
+    assert fig.layout.sliders[0].active == 1
+    with pytest.raises(ValueError, match="start"):
+        static_explorer(make, {"pattern": ["a"], "N": [1024]}, start={"N": 99})
+
+
+def test_log_axes_get_full_tick_labels_and_dots_instead_of_bars():
+    import plotly.graph_objects as go
+    from sparseattn.viz._axes import log_ticks, tidy_log
+    vals, text = log_ticks(0.2, 16.3)
+    assert vals == [0.2, 0.5, 1.0, 2.0, 5.0, 10.0] and text == ["0.2", "0.5", "1", "2", "5", "10"]
+    assert len(log_ticks(1e-30, 1e10)[0]) <= 12  # a very wide span thins out and ends
+    assert len(log_ticks(1.5, 2.5)[0]) >= 2
+    with pytest.raises(ValueError, match="positive"):
+        log_ticks(0, 1)
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[0.3, 12.0], name="ms", text=["0.3", "12"]))
+    fig.update_layout(yaxis_type="log")
+    fig.add_trace(go.Scatter(x=[1, 2], y=[1, 2], xaxis="x2", yaxis="y2"))
+    fig.update_layout(xaxis2=dict(type="log", tickvals=[1, 2]), yaxis2=dict(type="log", overlaying="y"))
+    tidy_log(fig)
+    assert fig.data[0].type == "scatter" and list(fig.data[0].y) == [0.3, 12.0]  # same values, as dots
+    assert "5" in fig.layout.yaxis.ticktext and "10" in fig.layout.yaxis.ticktext
+    assert list(fig.layout.xaxis2.tickvals) == [1, 2]  # explicit ticks are left alone

@@ -37,7 +37,7 @@ def test_error_growth_figure_and_summary():
     bf = synthetic()
     fig = V.error_growth_figure(bf, "bf16")
     assert len(fig.data) == 9  # 3 implementations x (max, p99, p50)
-    assert [t.x for t in fig.data[:1]] == [(1024, 4096, 131072)]
+    assert [tuple(t.customdata) for t in fig.data[:1]] == [(1024, 4096, 131072)]  # drawn offset along N
     assert fig.layout.xaxis.type == "log" and "N" in fig.layout.xaxis.title.text
     lo, hi = fig.layout.xaxis.range
     assert 10 ** lo < 1024 and 10 ** hi > 131072 and 10 ** lo > 512 and 10 ** hi < 2 * 131072  # never past the data

@@ -250,3 +250,17 @@ def test_main_passes_the_crossover_options_and_writes_the_suite_meta(monkeypatch
     doc = json.loads((tmp_path / "crossover-h200.json").read_text())
     assert doc["profiles"] == {"step": {"wall_ms": 1.0}} and len(doc["results"]) == 1
     assert "crossover" in M.SUITES and M.parser().parse_args(["crossover"]).part == "all"
+
+
+def test_bracket_gives_the_measured_points_around_a_crossing():
+    from sparseattn.roofline.crossover import bracket, describe_bracket
+    b = bracket([1024, 2048, 4096, 8192], [2.0, 2.0, 1.0, 1.0], [1.0, 1.5, 1.5, 3.0], "N")
+    assert (b["state"], b["lo"], b["hi"], b["n"]) == ("crosses", 2048, 4096, 4)
+    assert describe_bracket(b) == "between N = 2048 and 4096"
+    one = bracket([4096], [1.0], [2.0], "N")
+    assert one["state"] == "too few" and describe_bracket(one) == "not enough points (n=1)"
+    assert describe_bracket(bracket([1, 2], [1, 1], [2, 2], "N")) == "ahead at all 2 lengths"
+    late = bracket([1, 2, 4], [1, 3, 3], [2, 2, 2], "N")  # ahead early, behind at the end: not "behind at all"
+    assert describe_bracket(late) == "behind at the longest length (ahead at 1 of 3)"
+    k = bracket([0.1, 0.2, 0.5], [1, 1, 3], [2, 2, 2], "keep")
+    assert (k["lo"], k["hi"]) == (0.2, 0.5) and describe_bracket(k, "keep") == "between kept 0.2 and 0.5"

@@ -46,7 +46,7 @@ from ..ops import sparse_attention, sparse_decode
 from ..roofline import cost
 from ..roofline.cases import decode_setup
 from ..roofline.counts import Shape
-from ..roofline.crossover import (KEEP_GRID, N_GRID, crossing, envelope_layout, envelope_of, family_layout,
+from ..roofline.crossover import (KEEP_GRID, N_GRID, bracket, crossing, envelope_layout, envelope_of, family_layout,
                                   family_pattern)
 from ..routing import select_pages
 from . import _common as C
@@ -501,6 +501,10 @@ def _fmt(value, state) -> str:
     return state
 
 
+#: The bracket of a curve with no measured point (FlexAttention skipped by the time budget, or no Flex decode).
+_NOT_MEASURED = {"state": "not measured", "lo": None, "hi": None, "n": 0, "wins": 0}
+
+
 def _first_of_each(points: list) -> list:
     """Points sorted by their grid value, one per value (documents round to whole documents, so two kept
     fractions can give the same layout): the first measured one."""
@@ -522,7 +526,9 @@ def measured_crossovers(bf: BenchFile) -> List[dict]:
     grid (lengths, or the kept fraction of the envelope's cells / of the cache's bytes), the measured times
     of ours, FlexAttention and cuDNN on the envelope with their predictions, and the interpolated
     crossovers ``(value, state)`` of :func:`~sparseattn.roofline.crossover.crossing`: ``ours`` and ``flex``
-    measured, ``ours_predicted`` from the predictions. A point without a cuDNN time is left out; a point
+    measured, ``ours_predicted`` from the predictions; ``ours_bracket`` and ``flex_bracket``: the measured
+    crossovers as the two grid points around them (:func:`~sparseattn.roofline.crossover.bracket`), what a
+    single median per point supports. A point without a cuDNN time is left out; a point
     without a FlexAttention time is left out of Flex's crossover only."""
     out = []
     prefill = [r for r in bf.records if r.pass_ in (Pass.FWD, Pass.BWD) and "family" in r.case]
@@ -559,6 +565,8 @@ def measured_crossovers(bf: BenchFile) -> List[dict]:
                     "flex_predicted_ms": [p[3].get("predicted_ms") if p[3] is not None else None for p in pts],
                     "ours": crossing(grid, ours, cud, variable),
                     "flex": crossing(*map(list, zip(*fpts)), variable) if fpts else (None, "not measured"),
+                    "ours_bracket": bracket(grid, ours, cud, variable),
+                    "flex_bracket": bracket(*map(list, zip(*fpts)), variable) if fpts else _NOT_MEASURED,
                     "ours_predicted": crossing(grid, pred, cud_pred, variable) if have_pred else (None, "no prediction"),
                     "ratios": [x for p in pts for x in (_ratio(p[1]), _ratio(p[3])) if x is not None]})
     for B in sorted({r.case["B"] for r in bf.records if r.pass_ == Pass.DECODE_GRAPH}):
@@ -580,6 +588,7 @@ def measured_crossovers(bf: BenchFile) -> List[dict]:
                     "cudnn_ms": cud, "ours_predicted_ms": pred, "cudnn_predicted_ms": cud_pred,
                     "flex_predicted_ms": [None] * len(grid), "step_ms": step,
                     "ours": crossing(grid, ours, cud, "keep"), "flex": (None, "not measured"),
+                    "ours_bracket": bracket(grid, ours, cud, "keep"), "flex_bracket": _NOT_MEASURED,
                     "step": crossing([g for g, _ in spts], [x for _, x in spts], cud[:len(spts)], "keep")
                     if spts else (None, "not measured"),
                     "ours_predicted": crossing(grid, pred, cud_pred, "keep") if all(x is not None for x in pred +

@@ -11,11 +11,12 @@ with no kernel and no custom JavaScript.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 _AXIS_ATTRS = ("range", "type", "tickvals", "ticktext", "title.text", "autorange", "dtick")
 _DROPDOWN_ROW = 42  # px per row of dropdowns above the plot
 _SLIDER_ROW = 78  # px per slider below the plot
+_TITLE_LINE = 19  # px per line of a figure title (12 px font, <sup> caption lines included)
 
 
 def _is_numeric(values) -> bool:
@@ -46,12 +47,13 @@ def _layout_updates(figs) -> List[dict]:
     return out
 
 
-def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = ""):
+def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "", start: Optional[dict] = None):
     """One figure over every combination of ``grid`` (``name -> list of values``), one control per parameter
     with more than one value (numbers: a slider; anything else: a dropdown). The first value of each
-    parameter is shown first. ``title`` is used where a combination's figure has none.
+    parameter is shown first, or the value ``start`` gives for it. ``title`` is used where a combination's
+    figure has none.
 
-    Raises ValueError for an empty grid or a parameter without values."""
+    Raises ValueError for an empty grid, a parameter without values, or a ``start`` value not in the grid."""
     import plotly.graph_objects as go
     if not grid:
         raise ValueError("grid must name at least one parameter with its values")
@@ -60,9 +62,15 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
             raise ValueError(f"grid[{name!r}] must be a non-empty list of values, got {values!r}")
     names = list(grid)
     sizes = [len(grid[n]) for n in names]
+    start = dict(start or {})
+    for name, value in start.items():
+        if name not in grid or value not in grid[name]:
+            raise ValueError(f"start[{name!r}] = {value!r} is not one of the grid's values "
+                             f"{grid.get(name, 'no such parameter')}")
     combos = list(itertools.product(*(range(s) for s in sizes)))
     figs = [make_figure(**{n: grid[n][i] for n, i in zip(names, c)}) for c in combos]
-    out = go.Figure(layout=figs[0].layout)
+    base = tuple(grid[n].index(start[n]) if n in start else 0 for n in names)
+    out = go.Figure(layout=figs[combos.index(base)].layout)
     spans, start = {}, 0
     for c, f in zip(combos, figs):
         for tr in f.data:
@@ -106,18 +114,34 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
                     xanchor="left", yanchor="bottom", pad={"b": 6},
                     buttons=[dict(method="update", label=f"{name}: {values[v]}", args=args) for v, args in options])
 
-    base = (0,) * len(sizes)
     for i, tr in enumerate(out.data):
         tr.visible = spans[base][0] <= i < spans[base][1]
-    first = {k: control(k, base[:k]) for k in controlled}
+    first = {k: dict(control(k, base[:k]), active=base[k]) for k in controlled}
     sliders = [first[k] for k in controlled if kind[k] == "slider"]
     menus = [first[k] for k in controlled if kind[k] == "dropdown"]
     margin = out.layout.margin.to_plotly_json() if out.layout.margin else {}
     top, bottom = max(margin.get("t", 80), 90), margin.get("b", 60)
     extra_top = _DROPDOWN_ROW if menus else 0
+    if menus:  # the title (with its measured-where-and-when caption) keeps the top of the figure, the menus
+        # the row under it: size the top margin for the longest title of any combination, so no menu covers it
+        lines = max(1 + (u["title.text"] or "").count("<br>") for u in updates.values())
+        top = max(top, _TITLE_LINE * lines + 60)  # title from 24 px down; the menu row 20 px above `top`
+        out.update_layout(title=dict(yref="container", y=1 - 24 / ((out.layout.height or 450) + _DROPDOWN_ROW),
+                                     yanchor="top"))
     extra_bottom = _SLIDER_ROW * len(sliders)
     height = (out.layout.height or 450) + extra_top + extra_bottom
     plot_h = height - (top + extra_top) - (bottom + extra_bottom)
+    legend = out.layout.legend
+    if sliders and legend is not None and legend.orientation == "h" and (legend.y or 0) < 0:
+        # a legend under the plot: put the sliders under the legend (about three entries a row, 22 px each)
+        entries = sum(1 for i, tr in enumerate(out.data) if spans[base][0] <= i < spans[base][1]
+                      and tr.showlegend is not False)
+        below = -legend.y * max(plot_h, 100) + 22 * -(-entries // 3) + 16
+        extra = max(0, int(below) - 64)
+        for sl in sliders:
+            sl["pad"] = {**sl["pad"], "t": sl["pad"]["t"] + extra}
+        height += extra
+        extra_bottom += extra
     for m in menus:  # between the title and the subplot titles: 30 px above the plotting area
         m["y"] = 1 + 30 / max(plot_h, 100)
     out.update_layout(sliders=sliders, updatemenus=menus, height=height, title_text=updates[base]["title.text"],

@@ -21,7 +21,7 @@ from .cases import random_diag_layout
 from .counts import Shape, as_shape
 from .model import IMPLS, Cost, cost
 
-__all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "Report", "report",
+__all__ = ["FAMILIES", "N_GRID", "KEEP_GRID", "Crossover", "crossover", "crossing", "bracket", "describe_bracket", "Report", "report", "TIE_BAND", "verdict_of",
            "envelope_of", "envelope_layout", "family_layout", "family_pattern", "documents_of"]
 
 N_GRID = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384)
@@ -198,6 +198,48 @@ def crossing(grid: Sequence[float], ours: Sequence[float], dense: Sequence[float
     return math.exp(xs[a] + t * (xs[b] - xs[a])), "crosses"
 
 
+def bracket(grid: Sequence[float], ours: Sequence[float], dense: Sequence[float], variable: str) -> dict:
+    """A measured crossover as the two grid points that bracket it, with no interpolation: one median per point
+    cannot place it more finely (the short-N points vary from run to run).
+
+    Returns ``{"state", "lo", "hi", "n"}``: ``state`` is ``"crosses"`` (``variable="N"``: ours loses at ``lo``
+    and wins at every grid point from ``hi`` on; ``"keep"``: ours wins at every fraction up to ``lo`` and loses
+    at ``hi``), ``"always"``/``"never"`` (ahead / behind at all ``n`` points), or ``"too few"`` when ``n < 2``
+    (one point says nothing about a crossing). Same arguments and errors as :func:`crossing`."""
+    value, state = crossing(grid, ours, dense, variable)
+    n = len(grid)
+    wins = [o < d for o, d in zip(ours, dense)]
+    out = {"state": state, "lo": None, "hi": None, "n": n, "wins": sum(wins)}
+    if n < 2:
+        out["state"] = "too few"
+    elif state == "crosses" and variable == "N":
+        i = max(j for j, w in enumerate(wins) if not w)
+        out.update(lo=grid[i], hi=grid[i + 1])
+    elif state == "crosses":
+        i = min(j for j, w in enumerate(wins) if not w)
+        out.update(lo=grid[i - 1], hi=grid[i])
+    return out
+
+
+def describe_bracket(b: dict, variable: str = "N") -> str:
+    """A :func:`bracket` in words: "between N = 4096 and 8192", "ahead at all 5 lengths", "not enough points
+    (n=1)"."""
+    what = "lengths" if variable == "N" else "kept fractions"
+    fmt = (lambda x: f"{x:.0f}") if variable == "N" else (lambda x: f"{x:.3g}")
+    if b["state"] == "too few":
+        return f"not enough points (n={b['n']})"
+    if b["state"] == "always":
+        return f"ahead at all {b['n']} {what}"
+    if b["state"] == "never" and b["wins"] == 0:
+        return f"behind at all {b['n']} {what}"
+    if b["state"] == "never":  # ahead somewhere, behind at the end that decides
+        return (f"behind at the longest length (ahead at {b['wins']} of {b['n']})" if variable == "N" else
+                f"behind at the sparsest fraction (ahead at {b['wins']} of {b['n']})")
+    if variable == "N":
+        return f"between N = {fmt(b['lo'])} and {fmt(b['hi'])}"
+    return f"between kept {fmt(b['lo'])} and {fmt(b['hi'])}"
+
+
 def crossover(family: str, pass_: str = "fwd", *, shape=None, grid: Optional[Sequence[float]] = None,
               N: int = 8192, window: int = 1024, sinks: int = 64, deterministic: bool = True, graph: bool = True,
               device=None) -> Crossover:
@@ -274,8 +316,13 @@ class Report:
 
     @property
     def faster(self) -> bool:
-        """Whether our kernel beats cuDNN on the envelope here."""
+        """Whether our kernel beats cuDNN on the envelope here (the ratio alone; see :attr:`tie`)."""
         return self.speedup > 1
+
+    @property
+    def tie(self) -> bool:
+        """A predicted ratio too close to 1 for the model to call (within ``TIE_BAND``): the verdict says tie."""
+        return self.source == "predicted" and 1 / TIE_BAND <= self.speedup <= TIE_BAND
 
     def rows(self) -> List[dict]:
         """One dict per implementation: predicted and measured ms, the bound and the terms (ms)."""
@@ -397,12 +444,30 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
     return _finish(f"{name} B={s.B} Hq={s.Hq} Hkv={s.Hkv} D={s.D}", pass_, env, predicted, measured, costs)
 
 
+#: A predicted ratio within this factor of 1 is a tie: the model's error on the held-out sweep is of this order
+#: (chapter 9: "within 25%" is its accuracy target), so it cannot say which side wins.
+TIE_BAND = 1.25
+
+
+def verdict_of(ratio: float, source: str, env: str) -> str:
+    """The verdict on ``ratio`` = cuDNN time / our time (> 1: sparse faster). A ``"predicted"`` ratio inside
+    ``[1 / TIE_BAND, TIE_BAND]`` is a tie within the model's error; a ``"measured"`` one decides alone."""
+    if source not in ("predicted", "measured"):
+        raise ValueError(f"source must be 'predicted' or 'measured', got {source!r}")
+    if not ratio > 0:
+        raise ValueError(f"ratio must be a positive time ratio, got {ratio!r}")
+    if source == "predicted" and 1 / TIE_BAND <= ratio <= TIE_BAND:
+        return (f"tie (within the model's error: predicted {ratio:.2f}x over {env} cuDNN, "
+                f"inside the +-{TIE_BAND - 1:.0%} band")
+    return (f"sparse is faster here ({source} {ratio:.2f}x over {env} cuDNN" if ratio > 1 else
+            f"dense is faster here ({env} cuDNN {source} {1 / ratio:.2f}x faster")
+
+
 def _finish(what, pass_, env, predicted, measured, costs) -> Report:
     use = measured if measured.get("sparseattn") is not None and measured.get("cudnn") is not None else predicted
     src = "measured" if use is measured else "predicted"
     ratio = use["cudnn"] / use["sparseattn"]
-    verdict = (f"sparse is faster here ({src} {ratio:.2f}x over {env} cuDNN" if ratio > 1 else
-               f"dense is faster here ({env} cuDNN {src} {1 / ratio:.2f}x faster")
+    verdict = verdict_of(ratio, src, env)
     if use.get("flex") is not None:
         verdict += f"; FlexAttention {use['cudnn'] / use['flex']:.2f}x"
     verdict += ")"

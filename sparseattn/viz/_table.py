@@ -29,7 +29,12 @@ class Table:
         esc = lambda x: html.escape(str(x))  # noqa: E731
         cap = f"<caption>{esc(self.caption)}</caption>" if self.caption else ""
         head = "".join(f"<th>{esc(c)}</th>" for c in self.columns)
-        body = "".join("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in r) + "</tr>" for r in self.rows)
+        # a column of single tokens (pattern names, "decode", "4096-65536") never breaks inside a token
+        keep = [all(" " not in str(r[i]).strip() and len(str(r[i])) <= 28 for r in self.rows)
+                for i in range(len(self.columns))]
+        td = lambda i: '<td style="white-space: nowrap">' if keep[i] else "<td>"  # noqa: E731
+        body = "".join("<tr>" + "".join(f"{td(i)}{esc(x)}</td>" for i, x in enumerate(r)) + "</tr>"
+                       for r in self.rows)
         return f'<table class="sa-table">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
     def __repr__(self) -> str:

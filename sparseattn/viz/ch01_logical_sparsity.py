@@ -16,12 +16,13 @@ from ..bench.record import BenchFile, Impl, Pass
 from ..layout import BlockLayout
 from ..roofline import cost
 from ..roofline.counts import as_shape
-from ..roofline.crossover import PREFILL_SHAPE, crossing, envelope_of
+from ..roofline.crossover import PREFILL_SHAPE, bracket, envelope_of
 from ..roofline.model import model_params, work_of
 from . import COLORS
+from ._axes import tidy_log
 
 __all__ = ["FOUR_WAYS", "four_ways_series", "recorded_patterns", "four_ways_figure", "four_ways_bars",
-           "measured_crossover", "work_ledger", "work_figure", "measure_four_ways", "four_ways_small", "pattern_layout"]
+           "measured_crossover", "runs_of", "one_run", "work_ledger", "work_figure", "measure_four_ways", "four_ways_small", "pattern_layout"]
 
 #: The four ways of running a pattern, in the order the figures draw them: (impl, legend).
 FOUR_WAYS = [(Impl.NAIVE, "dense logits + -inf mask (eager PyTorch)"), (Impl.FLEX, "FlexAttention, same block mask"),
@@ -82,65 +83,97 @@ def _sources(prefill: BenchFile, crossover: Optional[BenchFile]) -> str:
     return "; ".join(parts) + f"; torch {prefill.meta['torch']}"
 
 
-def measured_crossover(series: Dict[str, list], impl: str = Impl.OURS) -> Tuple[Optional[float], str]:
-    """Where ``impl`` drops below cuDNN on the envelope for good along N (interpolated on log time against
-    log N; :func:`~sparseattn.roofline.crossover.crossing`), on the lengths both were measured at."""
+def measured_crossover(series: Dict[str, list], impl: str = Impl.OURS) -> dict:
+    """Where ``impl`` drops below cuDNN on the envelope for good along N, as the two measured lengths that
+    bracket it (:func:`~sparseattn.roofline.crossover.bracket`: no interpolation between single medians), on
+    the lengths both were measured at. Give it the series of one run (:func:`one_run`): mixing runs mixes
+    their host conditions."""
     cud = {n: ms for n, ms, _ in series[Impl.CUDNN]}
     pts = [(n, ms, cud[n]) for n, ms, _ in series[impl] if n in cud]
     if not pts:
-        return None, "not measured"
-    return crossing([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts], "N")
+        return {"state": "not measured", "lo": None, "hi": None, "n": 0, "wins": 0}
+    return bracket([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts], "N")
+
+
+def runs_of(prefill: BenchFile, crossover: Optional[BenchFile], pattern: str) -> List[BenchFile]:
+    """The recorded runs (files) that measured ``pattern`` forward, the crossover run first."""
+    return [f for f in (crossover, prefill) if f is not None
+            and any(r.case["pattern"] == pattern and r.pass_ == Pass.FWD and r.impl == Impl.OURS for r in f.records)]
+
+
+def one_run(f: BenchFile, pattern: str, pass_: str = Pass.FWD) -> Dict[str, List[Tuple[int, float, str]]]:
+    """:func:`four_ways_series` of one run only: every curve and every comparison from the same process."""
+    return four_ways_series(f, None, pattern, pass_)
 
 
 def four_ways_figure(prefill: BenchFile, crossover: Optional[BenchFile], pattern: str) -> go.Figure:
-    """Forward time against N of the four ways for one pattern (bf16, B=1, 16 heads, D=128), log-log."""
-    series = four_ways_series(prefill, crossover, pattern)
-    env = _envelope_name([r for f in (crossover, prefill) if f is not None for r in f.records
-                          if r.case["pattern"] == pattern], pattern)
+    """Forward time against N of the four ways for one pattern (bf16, B=1, 16 heads, D=128), log-log. Each run
+    draws its own curves (solid: the crossover run, dotted: the prefill run), so no curve joins points of two
+    runs; the shaded band is where ours overtakes cuDNN in a run, between two measured lengths."""
+    runs = runs_of(prefill, crossover, pattern)
+    env = _envelope_name([r for f in runs for r in f.records if r.case["pattern"] == pattern], pattern)
     fig = go.Figure()
-    for impl, name in FOUR_WAYS:
-        pts = series[impl]
-        if not pts:
-            continue
-        label = name.replace("the envelope (dense or causal)", f"the envelope: {env}")
-        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=label,
-                                 line=dict(color=COLORS[impl], dash="dash" if impl == Impl.CUDNN else "solid"),
-                                 customdata=[p[2] for p in pts],
-                                 hovertemplate="N=%{x}: %{y:.3f} ms (%{customdata} suite)<extra></extra>"))
-    xs = [p[0] for pts in series.values() for p in pts]
-    ys = [p[1] for pts in series.values() for p in pts]
-    value, state = measured_crossover(series)
-    if value is not None:
-        fig.add_vline(x=value, line_dash="dot", annotation_text=f"ours beats cuDNN above N ~ {value:.0f}")
+    xs, ys = [], []
+    for k, f in enumerate(runs):
+        series = one_run(f, pattern)
+        run = f"{f.suite} run {f.meta['date'][5:10]}"
+        for impl, name in FOUR_WAYS:
+            pts = series[impl]
+            if not pts:
+                continue
+            label = name.replace("the envelope (dense or causal)", f"the envelope: {env}").split(",")[0]
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                     name=f"{label} ({run})", legendgroup=impl,
+                                     marker=dict(symbol="circle" if k == 0 else "square", size=7),
+                                     line=dict(color=COLORS[impl], dash="solid" if k == 0 else "dot"),
+                                     hovertemplate=f"N=%{{x}}: %{{y:.3f}} ms ({run})<extra></extra>"))
+            xs += [p[0] for p in pts]
+            ys += [p[1] for p in pts]
+        b = measured_crossover(series)
+        if b["state"] == "crosses":
+            fig.add_vrect(x0=b["lo"], x1=b["hi"], fillcolor=COLORS[Impl.OURS], opacity=0.08, line_width=0,
+                          annotation_text=f"ours passes cuDNN ({run})", annotation_position="top left",
+                          annotation_font_size=10)
     fig.update_layout(title=f"{pattern}: forward, bf16, B=1, H=16, D=128<br><sup>measured: {_sources(prefill, crossover)}"
                             f"</sup>", xaxis_title="sequence length N (tokens)", yaxis_title="ms per call (median)",
-                      xaxis_type="log", yaxis_type="log", height=460, title_font_size=12,
-                      legend=dict(font=dict(size=10)))
+                      xaxis_type="log", yaxis_type="log", height=520, title_font_size=12,
+                      legend=dict(font=dict(size=10), orientation="h", y=-0.2, yanchor="top"),
+                      margin=dict(b=150))
     fig.update_xaxes(range=[math.log10(min(xs)) - 0.05, math.log10(max(xs)) + 0.05])
     fig.update_yaxes(range=[math.log10(min(ys)) - 0.1, math.log10(max(ys)) + 0.1])
-    return fig
+    return tidy_log(fig)
 
 
 def four_ways_bars(prefill: BenchFile, crossover: Optional[BenchFile], pattern: str, N: int) -> go.Figure:
-    """The four ways at one length, as bars (ms), with each one's ratio to ours."""
-    series = four_ways_series(prefill, crossover, pattern)
-    at = {impl: next(((ms, src) for n, ms, src in pts if n == N), None) for impl, pts in series.items()}
-    if at[Impl.OURS] is None:
-        raise LookupError(f"{pattern}: ours was not measured at N={N}; lengths: {[p[0] for p in series[Impl.OURS]]}")
-    ours = at[Impl.OURS][0]
+    """The four ways at one length, from one run (the run that measured the most of them at N, the prefill run
+    on a tie): dots on a log axis (ms), with each one's ratio to ours."""
+    runs = [f for f in runs_of(prefill, crossover, pattern)
+            if any(n == N for n, _, _ in one_run(f, pattern)[Impl.OURS])]
+    if not runs:
+        have = sorted({n for f in runs_of(prefill, crossover, pattern) for n, _, _ in one_run(f, pattern)[Impl.OURS]})
+        raise LookupError(f"{pattern}: ours was not measured at N={N}; lengths: {have}")
+    count = lambda f: sum(any(n == N for n, _, _ in pts) for pts in one_run(f, pattern).values())  # noqa: E731
+    f = max(reversed(runs), key=count)
+    series = one_run(f, pattern)
+    at = {impl: next((ms for n, ms, _ in pts if n == N), None) for impl, pts in series.items()}
+    ours = at[Impl.OURS]
     names, ms, colors, text = [], [], [], []
     for impl, name in FOUR_WAYS:
         if at[impl] is None:
             continue
         names.append(name.split(",")[0].split(" (")[0])
-        ms.append(at[impl][0])
+        ms.append(at[impl])
         colors.append(COLORS[impl])
-        text.append(f"{at[impl][0]:.3g} ms ({at[impl][0] / ours:.2f}x ours)")
-    fig = go.Figure(go.Bar(x=names, y=ms, marker_color=colors, text=text, textposition="outside"))
-    fig.update_layout(title=f"{pattern} at N={N}: forward<br><sup>measured: {_sources(prefill, crossover)}</sup>",
-                      yaxis_title="ms per call (median)", yaxis_type="log", height=420, title_font_size=12,
-                      xaxis_title="implementation", showlegend=False)
-    return fig
+        text.append(f"{at[impl]:.3g} ms ({at[impl] / ours:.2f}x ours)")
+    fig = go.Figure(go.Scatter(x=names, y=ms, mode="markers+text", marker=dict(color=colors, size=14), text=text,
+                               textposition="middle right", cliponaxis=False, showlegend=False,
+                               hovertemplate="%{x}: %{y:.4g} ms<extra></extra>"))
+    lo, hi = math.log10(min(ms)), math.log10(max(ms))
+    fig.update_layout(title=f"{pattern} at N={N}: forward, all from one run<br><sup>{f.caption()} "
+                            f"({f.suite} suite)</sup>",
+                      yaxis_title="ms per call (median, log scale)", yaxis_type="log", height=420, title_font_size=12,
+                      xaxis_title="implementation", showlegend=False, yaxis_range=[lo - 0.15, hi + 0.15])
+    return tidy_log(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -215,8 +248,8 @@ def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title
     measured times as black diamonds."""
     f = {k: v / 1e12 for k, v in ledger["flops"].items()}
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22,
-                        subplot_titles=("work: tile matmul TFLOP of one forward (exact counts)",
-                                        "time: ms per forward call (cost model, H200; diamonds: measured)"))
+                        subplot_titles=("work: tile-matmul TFLOP of one forward (exact)",
+                                        "time: ms per forward (model, H200; diamonds: measured)"))
     env_name = f"envelope ({ledger['envelope']})"
     for name, value, color in (("removed: tiles never scheduled", f["removed"], "#c7e9c0"),
                                ("remaining: allowed cells", f["useful"], COLORS[Impl.OURS]),
@@ -235,10 +268,11 @@ def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title
             fig.add_trace(go.Scatter(y=[y for y, _ in ys], x=[x for _, x in ys], mode="markers", name="measured",
                                      marker=dict(symbol="diamond", size=13, color="black"), legendgroup="time"), 2, 1)
     lay, s = ledger["layout"], ledger["shape"]
-    fig.update_layout(barmode="stack", height=520, title_font_size=12, legend=dict(font=dict(size=10)),
+    fig.update_layout(barmode="stack", height=640, title_font_size=12,
+                      legend=dict(font=dict(size=10), orientation="h", y=-0.12, yanchor="top"),
                       title=title or (f"N={lay.q_len}, B={s.B}, H={s.Hq}, D={s.D}: {ledger['tiles']['listed']} of "
                                       f"{ledger['tiles']['envelope']} envelope tiles kept; tables "
-                                      f"{ledger['index_bytes'] / 1e3:.1f} kB"), margin=dict(l=130))
+                                      f"{ledger['index_bytes'] / 1e3:.1f} kB"), margin=dict(l=130, b=200))
     fig.update_xaxes(title_text="TFLOP", row=1, col=1)
     fig.update_xaxes(title_text="ms", row=2, col=1)
     fig.update_yaxes(title_text="work", row=1, col=1)

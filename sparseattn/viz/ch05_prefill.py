@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 from ..bench.cases import PREFILL_PATTERNS, dense_pattern_of
 from ..bench.record import BenchFile, Impl, Pass
 from . import COLORS, TILE_COLORS, Table
+from ._axes import tidy_log
 from .ch03_layout import book_layout, tile_trace
 
 __all__ = ["tile_walk", "tile_walk_figure", "prefill_time_figure", "prefill_speedup_figure", "prefill_table",
@@ -164,7 +165,7 @@ def prefill_time_figure(doc: BenchFile, pattern: str = "window1024") -> go.Figur
                       xaxis_title="sequence length N (tokens)", yaxis_title="time (ms, median)", xaxis_type="log",
                       yaxis_type="log", height=500, title_font_size=14, legend=dict(orientation="h", y=-0.22))
     fig.update_xaxes(tickvals=Ns, ticktext=[f"{n // 1024}k" for n in Ns])
-    return fig
+    return tidy_log(fig)
 
 
 def speedups(doc: BenchFile) -> list:
@@ -194,7 +195,7 @@ def prefill_speedup_figure(doc: BenchFile) -> go.Figure:
                       xaxis_title="logical density (allowed cells / all cells)",
                       yaxis_title="time(baseline) / time(ours)", xaxis_type="log", yaxis_type="log", height=460,
                       title_font_size=14, legend=dict(orientation="h", y=-0.22))
-    return fig
+    return tidy_log(fig)
 
 
 def prefill_table(doc: BenchFile, N: int = 32768) -> Table:

@@ -13,6 +13,7 @@ from ..bench.record import BenchFile, Impl, Pass
 from ..layout import BlockLayout
 from ..ops import column_work as _column_work
 from . import COLORS
+from ._axes import tidy_log
 
 __all__ = ["column_work", "column_work_figure", "backward_figure"]
 
@@ -66,4 +67,4 @@ def backward_figure(bwd: BenchFile, fwd: BenchFile) -> go.Figure:
     fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="time (ms, median)", xaxis_title="pattern",
                       height=480, title_font_size=14, legend=dict(orientation="h", y=-0.3),
                       title=f"Backward and forward at N = 32k<br><sup>bf16, H=16, D=128; {bwd.caption()}</sup>")
-    return fig
+    return tidy_log(fig)

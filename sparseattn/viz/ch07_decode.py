@@ -15,6 +15,7 @@ from ..ops import DecodeConfig, decode_programs_per_sm, decode_splits
 from ..paged import PagedKVCache
 from ..routing import page_bounds
 from . import COLORS, LIGHT
+from ._axes import tidy_log
 
 __all__ = ["split_counts", "splits_figure", "bound_figure", "decode_figure", "decode_keep_figure",
            "read_ceiling", "decode_bandwidth_figure", "keep_crossover", "decode_sweep_figure"]
@@ -48,7 +49,7 @@ def splits_figure(Hkv: int = 8, L: int = 131072, page_size: int = 16, sms: int =
                       height=420, title_font_size=14, legend=dict(orientation="h", y=-0.25),
                       title=f"Split count from shapes only<br><sup>Hkv = {Hkv}, {L} tokens of capacity, default "
                             f"DecodeConfig, {sms} SMs; computed, not measured</sup>")
-    return fig
+    return tidy_log(fig)
 
 
 def bound_figure(page_size: int = 16, L: int = 2048, seed: int = 0, device=None) -> go.Figure:
@@ -108,7 +109,7 @@ def decode_figure(doc: BenchFile) -> go.Figure:
                       title_font_size=14, legend=dict(orientation="h", y=-0.38), xaxis_tickangle=0,
                       title=f"Decode step time per case<br><sup>bf16, 32 query / 8 KV heads, D=128; "
                             f"{doc.caption()}</sup>")
-    return fig
+    return tidy_log(fig)
 
 
 def decode_keep_figure(doc: BenchFile) -> go.Figure:
@@ -135,7 +136,7 @@ def decode_keep_figure(doc: BenchFile) -> go.Figure:
     fig.update_layout(height=450, title_font_size=14, legend=dict(orientation="h", y=-0.3),
                       title=f"Selected decode against the kept fraction<br><sup>page size 16, CUDA graphs; "
                             f"{doc.caption()}</sup>")
-    return fig
+    return tidy_log(fig)
 
 
 def read_ceiling(doc: BenchFile) -> dict:
@@ -166,7 +167,7 @@ def decode_bandwidth_figure(doc: BenchFile, ceiling: Optional[BenchFile] = None)
                       height=420, title_font_size=14, xaxis_type="log",
                       title=f"Effective bandwidth of selected decode<br><sup>decode in a CUDA graph; "
                             f"{doc.caption()}</sup>")
-    return fig
+    return tidy_log(fig)
 
 
 def keep_crossover(doc: BenchFile) -> dict:
@@ -216,4 +217,4 @@ def decode_sweep_figure(doc: BenchFile) -> go.Figure:
                       yaxis_title="time / best config of the case", title_font_size=14,
                       legend=dict(orientation="h", y=-0.25),
                       title=f"How many splits? The default tile at other split targets<br><sup>{doc.caption()}</sup>")
-    return fig
+    return tidy_log(fig)

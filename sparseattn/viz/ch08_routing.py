@@ -102,9 +102,8 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
     m = main_case(doc)
     k = m["topk"] if topk is None else topk
     case = dict(N=m["N"], Hkv=m["Hkv"], share=m["share"])
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
-                        subplot_titles=[f"forward step, top-{k}",
-                                        f"forward + backward, top-{m['topk']}: attention / whole step"])
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.14,
+                        subplot_titles=[f"forward step, top-{k}", f"fwd + bwd, top-{m['topk']}"])
     impls = [Impl.OURS] + ([Impl.FLEX] if k == m["topk"] else [])
     names = {Impl.OURS: "ours", Impl.FLEX: "Flex pipeline"}
     for pass_, label, pattern in TERMS:
@@ -134,7 +133,7 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
     fig.update_xaxes(title_text="implementation", row=1, col=1)
-    fig.update_xaxes(title_text="what was timed", row=1, col=2)
+    fig.update_xaxes(title_text="attention alone / whole step", row=1, col=2)
     # the legend on the right, so that a slider (book.static_explorer) fits below the plot
     fig.update_layout(barmode="stack", height=470, title_font_size=12, legend=dict(x=1.02, y=1, font_size=11),
                       title=f"Routed attention, N={m['N']}, 16 heads, D=128, 128-token blocks, bf16<br>"
@@ -247,13 +246,13 @@ def recall_figure(doc: BenchFile) -> go.Figure:
                              mode="lines+markers", name="step", line_color=COLORS[Impl.OURS], showlegend=False),
                   row=1, col=2)
     for col in (1, 2):
-        fig.update_xaxes(title_text="top-k (blocks chosen per query block, + 1 local + 1 sink)", type="log",
-                         tickvals=topks, row=1, col=col)
+        fig.update_xaxes(title_text="top-k (blocks per query block)", type="log", tickvals=topks, row=1, col=col)
     fig.update_yaxes(title_text="recall (share of softmax mass)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
     fig.update_layout(height=400, title_font_size=12, showlegend=False,
-                      title=f"Recall vs speed, N={m['N']} (synthetic topic inputs, "
-                            f"{routes[0].get('recall_rows')} sampled rows per head)<br><sup>{doc.caption()}</sup>")
+                      title=f"Recall vs speed, N={m['N']}<br><sup>synthetic topic inputs, "
+                            f"{routes[0].get('recall_rows')} sampled rows per head; each query block keeps its "
+                            f"top-k blocks + 1 local + 1 sink<br>{doc.caption()}</sup>", margin=dict(t=110))
     return fig
 
 
@@ -265,7 +264,7 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     gqa = [r for r in doc.select(Impl.OURS, Pass.ROUTE, N=m["N"]) if r.case["Hkv"] != m["Hkv"]]
     order = {"none": 0, "kv_head": 1, "all": 2}
     gqa.sort(key=lambda r: order[r.case["share"]])
-    labels = [f"{r.case['share']} ({r.get('layout_heads')} selections)" for r in gqa]
+    labels = [f"{r.case['share']}<br>({r.get('layout_heads')} sel.)" for r in gqa]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=[
         f"routing time, {gqa[0].case['Hq']} query / {gqa[0].case['Hkv']} KV heads", "recall", "recall of a stale "
         "selection"])
@@ -283,9 +282,9 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
     fig.update_yaxes(title_text="share of softmax mass", range=[0, 1.02], row=1, col=2)
     fig.update_yaxes(title_text="share of softmax mass", range=[0, 1.02], row=1, col=3)
-    fig.update_xaxes(title_text="share", row=1, col=1)
-    fig.update_xaxes(title_text="share", row=1, col=2)
-    fig.update_xaxes(title_text="inputs the selection was routed on", row=1, col=3)
+    fig.update_xaxes(title_text="share", title_standoff=12, tickangle=0, row=1, col=1)
+    fig.update_xaxes(title_text="share", title_standoff=12, tickangle=0, row=1, col=2)
+    fig.update_xaxes(title_text="routed on", title_standoff=12, tickangle=0, row=1, col=3)
     fig.update_layout(height=420, title_font_size=12,
                       title=f"Reusing one selection, N={m['N']}, top-{m['topk']}<br><sup>{doc.caption()}</sup>")
     return fig

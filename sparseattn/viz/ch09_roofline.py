@@ -14,8 +14,9 @@ from ..bench.record import BenchFile, Impl, Pass
 from ..roofline import ceilings as recorded_ceilings, cost
 from ..roofline.ceilings import Ceilings
 from ..roofline.counts import Shape
-from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, family_layout, report
+from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, describe_bracket, family_layout, report
 from . import COLORS, Table
+from ._axes import tidy_log
 
 __all__ = ["ceilings_table", "intensity_points", "roofline_figure", "prediction_scatter", "ratio_figure",
            "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure",
@@ -56,18 +57,24 @@ def intensity_points(N: int = 16384, shape: Optional[Shape] = None, decode_shape
             c = cost(lay, s, pass_)
             out.append(_point(f"{name}, {pass_}", pass_, c))
     d = decode_shape or DECODE_SHAPE
+    G = d.Hq // d.Hkv
+    block_g = max(16, 1 << (G - 1).bit_length())  # the kernel's group tile (counts.py): padded rows multiplied
     for keep in (None, 0.1):
         c = cost(None, d, "decode", keep=keep, graph=True)
         out.append(_point(f"decode B={d.B}, {'all pages' if keep is None else f'{keep:.0%} of the pages'}",
-                          "decode", c))
+                          "decode", c, useful=G / block_g))
     return out
 
 
-def _point(label: str, pass_: str, c) -> dict:
+def _point(label: str, pass_: str, c, useful: float = 1.0) -> dict:
+    """``useful``: the share of the priced FLOPs that are useful (decode multiplies a group tile padded to 16
+    rows for G query heads: G / 16). ``intensity`` and ``tflops`` count useful FLOPs; ``padded_intensity``
+    what the tensor cores multiply."""
     requested = sum(c.bytes_requested.values())
-    return {"label": label, "pass": pass_, "flops": c.flops, "hbm_bytes": c.D_hbm, "requested_bytes": requested,
-            "intensity": c.intensity, "requested_intensity": c.tile_intensity, "predicted_ms": c.predicted_ms,
-            "tflops": c.flops / (c.predicted_ms * 1e9), "bound": c.bound}
+    return {"label": label, "pass": pass_, "flops": c.flops * useful, "hbm_bytes": c.D_hbm,
+            "requested_bytes": requested, "intensity": c.intensity * useful,
+            "padded_intensity": c.intensity, "requested_intensity": c.tile_intensity * useful,
+            "predicted_ms": c.predicted_ms, "tflops": c.flops * useful / (c.predicted_ms * 1e9), "bound": c.bound}
 
 
 def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: str = "bfloat16") -> go.Figure:
@@ -76,7 +83,7 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
     rate its predicted time implies."""
     c = ceil or recorded_ceilings()
     P, W = c.matmul(dtype), c.hbm_read_tbps
-    xs = [p[k] for p in points for k in ("intensity", "requested_intensity")]
+    xs = [p[k] for p in points for k in ("intensity", "requested_intensity", "padded_intensity")]
     lo, hi = min(xs) / 2, max(xs) * 2
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     fig = go.Figure()
@@ -91,16 +98,21 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
                                  marker=dict(symbol=["circle-open", "circle"], size=[8, 11], color=col),
                                  hovertemplate=f"{p['label']}: %{{x:.3g}} FLOP/B, {p['tflops']:.0f} TFLOP/s "
                                                f"({p['bound']}-bound)<extra></extra>"))
+        if p["padded_intensity"] != p["intensity"]:  # decode: what the padded group tile multiplies
+            fig.add_trace(go.Scatter(x=[p["padded_intensity"]], y=[p["tflops"]], mode="markers",
+                                     name=f"{p['label']}: padded tile ({p['padded_intensity']:.0f} FLOP/B "
+                                          "multiplied, not useful)",
+                                     marker=dict(symbol="x-thin-open", size=10, color=col, line=dict(width=2))))
     ys = [p["tflops"] for p in points] + [min(P, lo * W)]
     fig.update_layout(xaxis_type="log", yaxis_type="log", height=520, title_font_size=12,
                       xaxis_title="arithmetic intensity (FLOP per HBM byte)", yaxis_title="TFLOP/s (predicted)",
                       title=f"Roofline of the {c.device}, {dtype}<br><sup>filled: compulsory bytes (each byte "
-                            f"once); open: bytes the programs request<br>(no reuse across programs); rates from "
-                            f"the cost model</sup>",
+                            f"once); open: bytes the programs request<br>(no reuse across programs); useful FLOPs "
+                            f"(decode's padded group tile marked x); rates from the cost model</sup>",
                       legend=dict(font=dict(size=10)))
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(min(ys) / 1.5), math.log10(P * 1.5)])
-    return fig
+    return tidy_log(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -138,7 +150,7 @@ def prediction_scatter(doc: BenchFile, exclude=()) -> go.Figure:
                             f"{doc.caption()}</sup>")
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(lo), math.log10(hi)])
-    return fig
+    return tidy_log(fig)
 
 
 def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
@@ -157,7 +169,7 @@ def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
                       yaxis_title="predicted / measured", xaxis_title="series (implementation, pass)", title=f"Ratio per series (band: +-25%)<br><sup>"
                                                                 f"{doc.caption()}</sup>")
     fig.update_yaxes(range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
-    return fig
+    return tidy_log(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -193,37 +205,47 @@ def crossover_figure(doc: BenchFile, family: str, pass_: str, N: Optional[int] =
                                  line=dict(color=color, dash=dash)))
     fig.add_hline(y=1.0, line_color="black", line_width=1)
     for key, color in (("ours", COLORS[Impl.OURS]), ("flex", COLORS[Impl.FLEX])):
-        if e[key][0] is not None:
-            fig.add_vline(x=e[key][0], line_dash="dash", line_color=color)
+        b = e[f"{key}_bracket"]
+        if b["state"] == "crosses":  # shaded between the two measured points around the crossing
+            fig.add_vrect(x0=b["lo"], x1=b["hi"], fillcolor=color, opacity=0.08, line_width=0)
     what = {"N": "sequence length N (tokens)", "keep": "kept fraction of the envelope's cells" if family != "decode"
             else "kept fraction of the cache's bytes"}[e["variable"]]
     where = "" if e["N"] is None else (f", B={e['B']}, L={e['N']}" if e["B"] else f", N={e['N']}")
-    fig.update_layout(xaxis_type="log", yaxis_type="log", height=430, title_font_size=12, xaxis_title=what,
+    v = e["variable"]
+    fig.update_layout(xaxis_type="log", yaxis_type="log", height=450, title_font_size=12, xaxis_title=what,
                       yaxis_title=f"speedup over {e['envelope']} cuDNN", legend=dict(font=dict(size=10)),
-                      title=f"{e['pattern']} {pass_}{where}<br><sup>crossover: ours {_fmt(e['ours'])}, "
-                            f"FlexAttention {_fmt(e['flex'])}, predicted {_fmt(e['ours_predicted'])}<br>"
-                            f"{doc.caption()}</sup>")
+                      title=f"{e['pattern']} {pass_}{where}<br><sup>crossover: ours {_bfmt(e['ours_bracket'], v)}, "
+                            f"FlexAttention {_bfmt(e['flex_bracket'], v)}<br>predicted (ours) "
+                            f"{_fmt(e['ours_predicted'])}; {doc.caption()}</sup>")
     fig.update_xaxes(range=[math.log10(min(x)) - 0.05, math.log10(max(x)) + 0.05])
     fig.update_yaxes(range=[math.log10(min(ys + [1.0]) / 1.3), math.log10(max(ys + [1.0]) * 1.3)])
-    return fig
+    return tidy_log(fig)
 
 
 def _fmt(vs) -> str:
     value, state = vs
     if value is None:
         return state
-    return f"{value:.3g}" if value < 1 else f"{value:.0f}"
+    return f"~{value:.3g}" if value < 1 else f"~{value:.0f}"
+
+
+def _bfmt(b: dict, variable: str) -> str:
+    return b["state"] if b["state"] == "not measured" else describe_bracket(b, variable)
 
 
 def crossover_table(doc: BenchFile) -> Table:
-    """Every family and pass: the measured crossovers of ours and FlexAttention and the predicted one of ours
-    (a length: sparse faster above it; a kept fraction: faster below it), as an HTML :class:`Table`."""
+    """Every family and pass: the measured crossovers of ours and FlexAttention, bracketed by grid points ("not
+    enough points (n=1)" for a curve of one point), and the predicted one of ours (a length: sparse faster
+    above it; a kept fraction: faster below it), as an HTML :class:`Table`."""
     es = measured_crossovers(doc)
     rows = [[e["pattern"], e["pass"],
              "all N" if e["N"] is None else (f"B={e['B']}, L={e['N']}" if e["B"] else f"N={e['N']}"),
-             e["variable"], _fmt(e["ours"]), _fmt(e["flex"]), _fmt(e["ours_predicted"])] for e in es]
+             e["variable"], _bfmt(e["ours_bracket"], e["variable"]), _bfmt(e["flex_bracket"], e["variable"]),
+             _fmt(e["ours_predicted"])] for e in es]
     return Table(["family", "pass", "at", "varies", "ours (measured)", "FlexAttention (measured)",
-                  "ours (predicted)"], rows, caption=f"Crossover against cuDNN on the envelope ({doc.caption()})")
+                  "ours (predicted)"], rows,
+                 caption=f"Crossover against cuDNN on the envelope: measured ones between the two grid points "
+                         f"around them (one median per point), the model's interpolated ({doc.caption()})")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -262,7 +284,7 @@ def tail_figure(points: List[dict], title: str = "") -> go.Figure:
                       title=title or "What short sequences pay beyond their tiles (cost model, H200)",
                       legend=dict(orientation="h", y=-0.3))
     fig.update_xaxes(range=[math.log10(points[0]["N"]) - 0.05, math.log10(points[-1]["N"]) + 0.05])
-    return fig
+    return tidy_log(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -277,9 +299,11 @@ def profile_figure(profiles: Dict[str, dict], title: str = "") -> go.Figure:
     fig = go.Figure()
     for bucket, color in (("kernel", COLORS[Impl.OURS]), ("index", "#9467bd"), ("route", "#17becf"),
                           ("launch", "#7f7f7f")):
-        fig.add_trace(go.Bar(y=names, x=[profiles[n]["buckets"][bucket] for n in names], name=bucket,
+        # "launch" is recorded as the wall time the device ran nothing: host work, launch gaps and syncs
+        label = "host / idle" if bucket == "launch" else bucket
+        fig.add_trace(go.Bar(y=names, x=[profiles[n]["buckets"][bucket] for n in names], name=label,
                              orientation="h", marker_color=color,
-                             hovertemplate=f"{bucket}: %{{x:.3g}} ms<extra></extra>"))
+                             hovertemplate=f"{label}: %{{x:.3g}} ms<extra></extra>"))
     fig.update_layout(barmode="stack", height=160 + 80 * len(names), title_font_size=12,
                       xaxis_title="ms of the step (wall)", yaxis_title="profiled step", title=title,
                       legend=dict(orientation="h", y=-0.35))
@@ -303,10 +327,21 @@ def explorer_layout(family: str, N: int, density: float):
     return family_layout(family, density, N=N)[0]
 
 
+def _trust(accuracy: Optional[Dict[str, dict]], N: int) -> str:
+    if not accuracy:
+        return ""
+    band, a = ("N < 8k", accuracy["short"]) if N < 8192 else ("N >= 8k", accuracy["long"])
+    return (f"<br>model on the recorded H200 sweep at {band}: {a['within_25pct']:.0%} of {a['n']} rows within "
+            f"25%, median predicted / measured {a['median']:.2f}")
+
+
 def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 0.1, dtype: str = "bf16",
-                 pass_: str = "fwd") -> go.Figure:
+                 pass_: str = "fwd", accuracy: Optional[Dict[str, dict]] = None) -> go.Figure:
     """The model's terms (compute, memory, launch, index) for ours, FlexAttention and cuDNN on the envelope,
-    and the verdict of :func:`~sparseattn.roofline.report`, for one setting (B=1, 16 heads, D=128)."""
+    and the verdict of :func:`~sparseattn.roofline.report`, for one setting (B=1, 16 heads, D=128).
+    ``accuracy``: ``{"short": summary, "long": summary}`` of :func:`~sparseattn.bench.crossover.ratio_summary`
+    over the recorded sweep's rows below and from N = 8192; the title then shows the one for this N beside the
+    verdict, so a reader sees how far to trust it."""
     lay = explorer_layout(family, N, density)
     s = Shape(B=1, Hq=16, D=128, dtype=dtype)
     r = report(lay, s, pass_=pass_)
@@ -320,6 +355,7 @@ def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 
     fig.update_layout(barmode="group", height=440, title_font_size=12, yaxis_title="ms (cost model, H200)",
                       xaxis_title="implementation",
                       title=f"{family}, N={N}, density {density:g}, {dtype}, {pass_}<br><sup>envelope: "
-                            f"{r.envelope} cuDNN; {r.verdict}<br>our dominant term: {r.dominant}</sup>",
+                            f"{r.envelope} cuDNN; {r.verdict}<br>our dominant term: {r.dominant}"
+                            f"{_trust(accuracy, N)}</sup>",
                       legend=dict(orientation="h", y=-0.2))
     return fig

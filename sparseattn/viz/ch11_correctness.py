@@ -18,6 +18,7 @@ from ..layout import BlockLayout
 from ..ops import sparse_attention
 from ..reference import reference_attention
 from . import COLORS, Table
+from ._axes import tidy_log
 
 __all__ = ["two_baselines", "baselines_figure", "cpu_error_growth", "error_growth_figure", "repeat_rows",
            "EDGE_CASES", "edge_case_table", "bad_input_table"]
@@ -66,11 +67,12 @@ def baselines_figure(window: int = 24, L: int = 128, errors: Optional[dict] = No
     fig.update_yaxes(range=[lo - 0.4, hi + 0.6])  # room for the labels above the bars, no decade past them
     fig.update_layout(barmode="group", yaxis_type="log", height=420, title_font_size=12,
                       yaxis_title="relative Frobenius error (dimensionless)", xaxis_title="kernel under test",
-                      title=(f"Same kernel output, two yardsticks: sinks 4 + window {window}, {L} tokens, fp32,<br>"
-                             f"2 heads, D=32, computed live (the pattern alone moves the output by "
-                             f"{errors['pattern alone']['baseline 2: fp64 full attention']:.2f})"),
+                      title=(f"Same kernel output, two yardsticks<br><sup>sinks 4 + window {window}, {L} tokens "
+                             f"(fp32, 2 heads, D=32), computed live<br>(the pattern alone moves the output by "
+                             f"{errors['pattern alone']['baseline 2: fp64 full attention']:.2f})</sup>"),
+                      margin=dict(t=100),
                       legend=dict(orientation="h", y=-0.25))
-    return fig
+    return tidy_log(fig)
 
 
 def cpu_error_growth(Ns: Sequence[int] = (64, 128, 256), dtype: torch.dtype = torch.float16,
@@ -99,19 +101,26 @@ def error_growth_figure(bf: BenchFile, dtype: str = "bf16", stats: Optional[List
         if not rows:
             raise LookupError(f"no error rows of {impl!r} for {dtype} in {bf.suite!r}")
         x = [n for n in Ns if n in rows]
+        # the three sit on the same values (the output's rounding): offset each a little along N so all show
+        shift = {Impl.OURS: 0.94, Impl.FLEX: 1.0, Impl.CUDNN: 1.06}[impl]
+        symbol = {Impl.OURS: "circle", Impl.FLEX: "square", Impl.CUDNN: "diamond"}[impl]
         for key, dash, what in (("max_abs", "solid", "max"), ("row_max_abs_p99", "dash", "p99"),
                                 ("row_max_abs_p50", "dot", "p50")):
-            fig.add_trace(go.Scatter(x=x, y=[rows[n].get(key) for n in x], mode="lines+markers",
+            fig.add_trace(go.Scatter(x=[n * shift for n in x], y=[rows[n].get(key) for n in x],
+                                     mode="lines+markers", marker=dict(symbol=symbol, size=8),
                                      line=dict(color=COLORS[impl], dash=dash), name=f"{LABELS[impl]}: {what}",
-                                     legendgroup=impl))
+                                     legendgroup=impl, customdata=x,
+                                     hovertemplate=f"{LABELS[impl]} {what}, N=%{{customdata}}: %{{y:.4g}}"
+                                                   "<extra></extra>"))
     case = bf.select(Impl.OURS, Pass.FWD, check="error", dtype=dtype, N=max(Ns))[0].case  # the longest: sampled
     fig.update_layout(xaxis=dict(type="log", title="sequence length N (tokens, log scale)", tickvals=Ns,
-                                 ticktext=[f"{n // 1024}k" for n in Ns], range=_log_range(Ns)),
+                                 ticktext=[f"{n // 1024}k" for n in Ns], range=_log_range([Ns[0] * 0.9, Ns[-1] * 1.1])),
                       yaxis=dict(type="log", title="|O - O_ref| per row (output units, log scale)"),
                       height=480, title_font_size=12, legend=dict(orientation="h", y=-0.3),
                       title=(f"Error against fp64 by length: causal, {dtype}, H={case['H']}"
                              f"<br><sup>D={case['D']}; all rows up to N={E.FULL_ROWS}, else {case['rows']} "
-                             f"sampled<br>{bf.caption()}</sup>"), margin=dict(t=110))
+                             f"sampled; the three implementations offset along N<br>{bf.caption()}</sup>"),
+                      margin=dict(t=110))
     return fig
 
 

@@ -71,6 +71,22 @@ async () => {
     }
     return out;
   }
+  // a dropdown menu must not cover the title (which carries the measured-where-and-when caption) or the legend
+  function menusClear(gd) {
+    const out = [];
+    const hit = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+    const menus = [...gd.querySelectorAll('.updatemenu-header-group')].map(el => el.getBoundingClientRect())
+      .filter(r => r.width > 0);
+    for (const sel of ['.g-gtitle text', '.legendtext']) {
+      for (const el of gd.querySelectorAll(sel)) {
+        const box = el.getBoundingClientRect();
+        if (box.width && menus.some(m => hit(m, box))) {
+          out.push(`a dropdown menu covers the text "${el.textContent.slice(0, 50)}"`);
+        }
+      }
+    }
+    return out;
+  }
   function checkAxes(gd) {
     const out = [];
     const fl = gd._fullLayout;
@@ -114,7 +130,7 @@ async () => {
     if (gd._fullData.some(t => t.type === 'table')) {
       add('', ['a plotly table (it hides rows that do not fit): use sparseattn.viz.Table']);
     }
-    add('', [...checkAxes(gd), ...textFits(gd)]);
+    add('', [...checkAxes(gd), ...textFits(gd), ...menusClear(gd)]);
     // every state of a kernel-free explorer: each dropdown option, each slider step
     const states = [];
     for (const [m, menu] of (gd.layout.updatemenus || []).entries()) {
@@ -131,7 +147,7 @@ async () => {
         add(`, ${what}`, [`the control fails (${e})`]);
         continue;
       }
-      add(`, ${what}`, [...checkAxes(gd), ...textFits(gd)]);
+      add(`, ${what}`, [...checkAxes(gd), ...textFits(gd), ...menusClear(gd)]);
     }
     const frames = (gd._transitionData && gd._transitionData._frames) || [];
     if (frames.length) {

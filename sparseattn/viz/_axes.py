@@ -1,0 +1,100 @@
+"""Axis and mark fixes shared by every chapter's figures: full tick labels on log axes (plotly's default labels
+the 2s and 5s of a decade with a bare digit, so a reader sees "2, 5, 1, 2, 5, 10"), and dots instead of bars
+on a log value axis (a bar's length on a log axis starts nowhere and means nothing)."""
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+import plotly.graph_objects as go
+
+__all__ = ["log_ticks", "full_log_ticks", "dots_not_bars", "tidy_log"]
+
+_STEPS = ((1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9))
+
+
+def log_ticks(lo: float, hi: float, at_least: int = 3) -> Tuple[List[float], List[str]]:
+    """Tick values from ``lo`` to ``hi`` (> 0) on a 1-2-5 ladder (finer when the span is short, so there are
+    ``at_least`` ticks where it can), each labelled with its full value ("0.2", "5", "20", "1e+04")."""
+    if not (lo > 0 and hi > 0):
+        raise ValueError(f"log axis ends must be positive, got lo={lo!r}, hi={hi!r}")
+    lo, hi = min(lo, hi), max(lo, hi)
+    vals: List[float] = []
+    for steps in _STEPS:
+        vals = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+                for m in steps]
+        vals = [float(f"{v:.6g}") for v in vals if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)]
+        if len(vals) >= at_least:
+            break
+    while len(vals) > 12:  # a wide span: keep every other tick, the powers of ten first
+        fewer = [v for i, v in enumerate(vals) if i % 2 == 0 or math.log10(v).is_integer()]
+        if len(fewer) == len(vals):  # only powers of ten left: keep every other one
+            fewer = vals[::2]
+        vals = fewer
+    return vals, [f"{v:g}" for v in vals]
+
+
+def _values(tr, letter: str) -> List[float]:
+    out = []
+    for v in (getattr(tr, letter, None) or ()):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            out.append(float(v))
+    return out
+
+
+def full_log_ticks(fig: go.Figure) -> go.Figure:
+    """Give every log axis of ``fig`` that has no explicit ticks yet ticks with full labels (:func:`log_ticks`),
+    over its range when it has one, else over the values its traces draw. Returns ``fig``."""
+    lay = fig.layout
+    for name in [k for k in lay.to_plotly_json() if k.startswith(("xaxis", "yaxis"))] or []:
+        ax = lay[name]
+        if ax.type != "log" or ax.tickvals is not None:  # explicit ticks (the measured lengths) stay
+            continue
+        letter, ident = name[0], name[0] + name[5:]
+        if ax.range is not None and None not in ax.range:
+            lo, hi = 10 ** min(ax.range), 10 ** max(ax.range)
+        else:
+            vals = [v for tr in fig.data if (getattr(tr, f"{letter}axis", None) or letter) == ident
+                    for v in _values(tr, letter)]
+            if not vals:
+                continue
+            lo, hi = min(vals), max(vals)
+        tv, tt = log_ticks(lo, hi)
+        ax.update(tickmode="array", tickvals=tv, ticktext=tt)
+    return fig
+
+
+def dots_not_bars(fig: go.Figure) -> go.Figure:
+    """Redraw the bars of ``fig`` that stand on a log value axis as dots (grouped side by side as the bars
+    were), keeping name, colour, text and hover. Returns ``fig``."""
+    lay = fig.layout
+    changed = False
+    data = []
+    for tr in fig.data:
+        if tr.type != "bar":
+            data.append(tr)
+            continue
+        horizontal = tr.orientation == "h"
+        value = ("x" if horizontal else "y")
+        axis = getattr(tr, f"{value}axis", None) or value
+        ax = lay[f"{value}axis{axis[1:]}"]
+        if ax.type != "log":
+            data.append(tr)
+            continue
+        changed = True
+        color = tr.marker.color if tr.marker is not None else None
+        data.append(go.Scatter(x=tr.x, y=tr.y, name=tr.name, mode="markers+text" if tr.text is not None else "markers",
+                               text=tr.text, textposition="middle right" if horizontal else "top center",
+                               cliponaxis=False, marker=dict(size=11, color=color, line=dict(width=1, color="white")),
+                               hovertemplate=tr.hovertemplate, showlegend=tr.showlegend, legendgroup=tr.legendgroup,
+                               xaxis=tr.xaxis, yaxis=tr.yaxis, offsetgroup=tr.offsetgroup or tr.name))
+    if changed:
+        fig.data = []
+        fig.add_traces(data)
+        fig.update_layout(scattermode="group", scattergap=0.4)
+    return fig
+
+
+def tidy_log(fig: go.Figure) -> go.Figure:
+    """:func:`dots_not_bars` then :func:`full_log_ticks`: what every figure with a log axis gets last."""
+    return full_log_ticks(dots_not_bars(fig))
