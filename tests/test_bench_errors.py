@@ -44,6 +44,20 @@ def test_error_stats_by_hand():
     assert s["row_max_abs_p50"] == 0 and s["row_max_abs_p99"] == pytest.approx(0.485)
     assert s["row_rel_p99"] == pytest.approx(0.485)
     assert s["lse_max_abs"] == 0.25  # the -inf row is skipped
+    assert s["rounding_max_abs"] == 0 and s["max_abs_vs_rounded"] == 0.5  # fp64 output: nothing to round
+
+
+def test_error_against_the_rounded_reference_separates_kernels():
+    """Two bf16 outputs with the same error against float64 (the rounding floor) but one of them a unit in
+    the last place off the correctly rounded result: only the *_vs_rounded entries tell them apart."""
+    ref = torch.tensor([1.0 + 2 ** -9, 3.0 + 2 ** -7], dtype=torch.float64).view(1, 1, 1, 2)
+    good = ref.to(torch.bfloat16)  # correctly rounded (ties to even)
+    ulp = torch.tensor([2 ** -7, 2 ** -6], dtype=torch.float64).view(1, 1, 1, 2)
+    bad = (good.double() + ulp).to(torch.bfloat16)  # one unit in the last place above
+    sg, sb = E.error_stats(good, ref), E.error_stats(bad, ref)
+    assert sg["max_abs_vs_rounded"] == 0 and sb["max_abs_vs_rounded"] == 2 ** -6
+    assert sg["rounding_max_abs"] == sb["rounding_max_abs"] == 2 ** -7  # 3 + 2^-7 is a tie: rounds to 3
+    assert sg["max_abs"] == sb["max_abs"] == 2 ** -7  # against float64 the two look the same
 
 
 def test_flex_out_lse_is_the_natural_log_lse():
