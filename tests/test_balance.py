@@ -48,8 +48,8 @@ LAYOUTS = {
 }
 
 
-def _cfg(split, block_m=BLK):
-    return FwdConfig(block_m=block_m, block_n=BLK, num_warps=4, num_stages=1, split=split)
+def _cfg(split, block_m=BLK, persistent=False):
+    return FwdConfig(block_m=block_m, block_n=BLK, num_warps=4, num_stages=1, split=split, persistent=persistent)
 
 
 @pytest.fixture
@@ -66,11 +66,31 @@ def poisoned_workspace(monkeypatch):
     monkeypatch.setattr(S, "prepare", prepare)
 
 
-def _run(layout, q, k, v, split, block_m=BLK):
+def _run(layout, q, k, v, split, block_m=BLK, persistent=False):
     out = torch.full_like(q, float("nan"))  # poison: unwritten elements fail
-    o, lse = sa.sparse_attention(q, k, v, layout, return_lse=True, out=out, config=_cfg(split, block_m))
-    assert not torch.isnan(o).any(), f"split={split!r}: NaN or unwritten output"
+    o, lse = sa.sparse_attention(q, k, v, layout, return_lse=True, out=out,
+                                 config=_cfg(split, block_m, persistent))
+    assert not torch.isnan(o).any(), f"split={split!r}, persistent={persistent}: NaN or unwritten output"
     return o, lse
+
+
+@pytest.fixture
+def persistent_grids(monkeypatch):
+    """Count the persistent launches' programs against their live (task, head) items; ``many`` makes the grid
+    larger than the plan's whole capacity (programs with nothing to do must write nothing)."""
+    real = S.grid
+    seen = []
+    state = {"many": False}
+
+    def grid(s, persistent, sms):
+        g = real(s, persistent, sms)
+        if persistent:
+            if state["many"]:
+                g = (s.plan.capacity * s.ws_o.shape[0] + 3,)
+            seen.append((g[0], int(s.plan.n_tasks[0]) * s.ws_o.shape[0]))
+        return g
+    monkeypatch.setattr(S, "grid", grid)
+    return seen, state
 
 
 def _check_ref(layout, q, k, v, o, lse):
@@ -83,12 +103,15 @@ def _check_ref(layout, q, k, v, o, lse):
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_split_equals_unsplit_and_reference_for_every_chunk(name, poisoned_workspace):
+def test_split_equals_unsplit_and_reference_for_every_chunk(name, poisoned_workspace, persistent_grids):
+    """... and the persistent grid equals the split grid bit for bit, with fewer programs than (task, head)
+    items (each program loops over several) and with more programs than the plan's capacity."""
     layout = LAYOUTS[name]()
     longest = int((layout.kv_count + layout.full_count).max())
     q, k, v = (torch.randn(1, 2, L, 32) for _ in range(3))
     o0, lse0 = _run(layout, q, k, v, None)
     _check_ref(layout, q, k, v, o0, lse0)
+    seen, state = persistent_grids
     for split in (1, 2, 3, longest, "auto"):
         o, lse = _run(layout, q, k, v, split)
         _check_ref(layout, q, k, v, o, lse)
@@ -96,6 +119,13 @@ def test_split_equals_unsplit_and_reference_for_every_chunk(name, poisoned_works
         torch.testing.assert_close(lse, lse0, atol=2e-6, rtol=2e-6)
         if split == longest:  # the whole row is one task: the plain kernel's arithmetic, bit for bit
             assert torch.equal(o, o0) and torch.equal(lse, lse0)
+        for many in ((False, True) if split == 1 else (False,)):
+            state["many"] = many
+            op, lsep = _run(layout, q, k, v, split, persistent=True)
+            programs, items = seen[-1]
+            assert programs > items if many else programs < items, (split, many, seen[-1])
+            assert torch.equal(op, o) and torch.equal(lsep, lse), f"persistent != split at split={split!r}"
+            _check_ref(layout, q, k, v, op, lsep)
 
 
 def test_split_fp16_gqa_batch_and_subtiles(poisoned_workspace):
@@ -122,6 +152,9 @@ def test_merge_is_bitwise_repeatable_and_matches_merge_states():
     a = _run(layout, q, k, v, 1)
     b = _run(layout, q, k, v, 1)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    for _ in range(2):  # the persistent grid: the same tasks, so the same bits, run after run
+        c = _run(layout, q, k, v, 1, persistent=True)
+        assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
     # the merge law of the reference, chunk by chunk: the first document's last query tile is split in 5
     dense = layout.to_dense()
     rows = slice(128, 160)
@@ -246,6 +279,11 @@ def test_bad_split_is_refused():
             sa.sparse_attention(q, q, q, layout, config=_cfg(bad))
     with pytest.raises(ValueError, match="split"):
         balance.plan(layout, BLK, 0, 1, 4)
+    with pytest.raises(ValueError, match="persistent=True needs split"):
+        sa.sparse_attention(q, q, q, layout, config=_cfg(None, persistent=True))
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="persistent must be a bool"):
+            sa.sparse_attention(q, q, q, layout, config=_cfg(2, persistent=bad))
     with pytest.raises(ValueError, match="block_m"):
         balance.plan(layout, 24, 2, 1, 4)
 
@@ -286,6 +324,40 @@ def test_report_counts_and_json():
         balance.report(layout, B=1, Hq=0)
     with pytest.raises(TypeError, match="layout"):
         balance.report("causal")
+
+
+def test_persistent_grid_from_shapes_only():
+    """About PERSISTENT_PROGRAMS_PER_SM programs per SM, never more than the capacity's (task, head) items, at
+    least one; the split grid is (capacity, heads)."""
+    layout = LAYOUTS["documents skewed"]()
+    s = S.prepare(layout, BLK, 1, 1, 2, 32, torch.device("cpu"))
+    items = s.plan.capacity * 2
+    assert S.grid(s, False, 4) == (s.plan.capacity, 2)
+    assert S.grid(s, True, 4) == (S.PERSISTENT_PROGRAMS_PER_SM * 4,) and S.PERSISTENT_PROGRAMS_PER_SM * 4 < items
+    assert S.grid(s, True, 10_000) == (items,)
+
+
+def test_persistent_fp16_gqa_batch_subtiles_and_dynamic_layout(poisoned_workspace):
+    """The persistent grid's head decoding (batch 2, GQA 4 on 2, kernel tiles of 16 in layout tiles of 32) and a
+    dynamic layout refilled between calls (the live task count changes, the grid does not)."""
+    n = 100
+    mm = P.and_masks(P.causal(), P.document(_docs([70, 7, 23])))
+    layout = BlockLayout.from_mask_mod(lambda b, h, q, k: mm(b, h, q, k) & ((h == 0) | (q - k < 40)), n, n, BLK,
+                                       BLK, B=1, H=2, device="cpu")
+    q = torch.randn(2, 4, n, 16, dtype=torch.float16)
+    k, v = (torch.randn(2, 2, n, 16, dtype=torch.float16) for _ in range(2))
+    o, lse = _run(layout, q, k, v, 1, block_m=16)
+    op, lsep = _run(layout, q, k, v, 1, block_m=16, persistent=True)
+    assert torch.equal(o, op) and torch.equal(lse, lsep)
+    nq = L // BLK
+    static = BlockLayout.with_capacity(1, 1, L, L, BLK, BLK, width=1, full_width=nq, mask_mod=P.causal(),
+                                       device="cpu")
+    q, k, v = (torch.randn(1, 2, L, 32) for _ in range(3))
+    for keep in ([list(range(i)) for i in range(nq)], [[0] if i else [] for i in range(nq)]):
+        src = _causal_lists(keep)
+        src.copy_into(static)
+        o, lse = _run(static, q, k, v, 2, persistent=True)
+        _check_ref(src, q, k, v, o, lse)
 
 
 def test_split_chunked_prefill_queries_are_the_last_positions(poisoned_workspace):

@@ -1,5 +1,8 @@
 """Block-sparse attention forward: one program per (query sub-tile, batch * query head), or, split (``SPLIT``),
-one per (task, batch * query head) where a task is a range of slots of a row (:mod:`sparseattn.balance`).
+one per (task, batch * query head) where a task is a range of slots of a row (:mod:`sparseattn.balance`), or,
+persistent (``PERSISTENT``, split only), a fixed 1-D grid of about (SMs x a few) programs, each looping over the
+flattened (task, batch * query head) items with stride ``num_programs``: task outer, so the items go out
+longest task first. All three run one per-task body, :func:`_fwd_task`.
 
 A program walks only the key tiles its layout row lists: the partial tiles (token mask applied), then the
 full tiles (no mask work), through one inner-loop helper with a ``MASKED`` flag. Each layout tile of
@@ -76,29 +79,66 @@ def sparse_fwd_kernel(
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
     KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, ROW_ORDER, BITS, DOC, stride_doc_b, ROW_SLOT,
-    TASKS, N_TASKS, WS_O, WS_LSE, ws_cap,
+    TASKS, N_TASKS, WS_O, WS_LSE, ws_cap, n_bh,
     Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale_log2,
     band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    USE_FN: tl.constexpr,
+    USE_FN: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     # ---- which rows (and, split, which slots of them) this program owns --------------------------------------
     pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)
-        if pid >= tl.load(N_TASKS):
-            return  # an empty slot of the fixed-capacity task list
-        m_tile = tl.load(TASKS + pid * 4)
-        slot_lo = tl.load(TASKS + pid * 4 + 1)
-        slot_hi = tl.load(TASKS + pid * 4 + 2)
-        ws = tl.load(TASKS + pid * 4 + 3)
+    if PERSISTENT:  # a fixed grid walks the (task, head) items, task outer: longest tasks of every head first
+        n_items = tl.load(N_TASKS) * n_bh  # live tasks only: the capacity's empty slots are never visited
+        for item in range(pid, n_items, tl.num_programs(0)):
+            t = item // n_bh
+            _fwd_task(Q, K, V, O, LSE, desc_q, desc_k, desc_v, stride_qb, stride_qh, stride_qm, stride_kb,
+                      stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+                      KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT, WS_O, WS_LSE,
+                      ws_cap, tl.load(TASKS + t * 4), tl.load(TASKS + t * 4 + 1), tl.load(TASKS + t * 4 + 2),
+                      tl.load(TASKS + t * 4 + 3), item % n_bh, Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk,
+                      q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2,
+                      CAP3, CAP_SHAPE, HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, WARP_SPEC, USE_BITS,
+                      HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, True, USE_FN)
     else:
-        m_tile = tl.load(ROW_ORDER + pid)  # longest rows first: the tail of the launch is short rows
-        slot_lo = 0
-        slot_hi = W + FW
+        bh = tl.program_id(1)
+        if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)
+            if pid >= tl.load(N_TASKS):
+                return  # an empty slot of the fixed-capacity task list
+            m_tile = tl.load(TASKS + pid * 4)
+            slot_lo = tl.load(TASKS + pid * 4 + 1)
+            slot_hi = tl.load(TASKS + pid * 4 + 2)
+            ws = tl.load(TASKS + pid * 4 + 3)
+        else:
+            m_tile = tl.load(ROW_ORDER + pid)  # longest rows first: the tail of the launch is short rows
+            slot_lo = 0
+            slot_hi = W + FW
+            ws = -1
+        _fwd_task(Q, K, V, O, LSE, desc_q, desc_k, desc_v, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh,
+                  stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+                  KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT, WS_O, WS_LSE, ws_cap,
+                  m_tile, slot_lo, slot_hi, ws, bh, Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset,
+                  scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, WARP_SPEC, USE_BITS, HAS_SINKS, HAS_DOC,
+                  HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, SPLIT, USE_FN)
+
+
+@triton.jit
+def _fwd_task(Q, K, V, O, LSE, desc_q, desc_k, desc_v, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh,
+              stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+              KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT, WS_O, WS_LSE, ws_cap,
+              m_tile, slot_lo, slot_hi, ws, bh, Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset,
+              scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3,
+              CAP_SHAPE, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr, USE_BITS: tl.constexpr,
+              HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, EVEN_K: tl.constexpr,
+              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, USE_FN: tl.constexpr):
+    """One task: query sub-tile ``m_tile`` of head ``bh`` over slots ``[slot_lo, slot_hi)`` of its row (the whole
+    row: ``0, W + FW``). ``SPLIT``: ``ws >= 0`` writes the partial state to workspace slot ``ws`` (merged
+    later), ``ws = -1`` writes O; otherwise always O. The plain, split and persistent grids all run this body."""
+    # ---- the layout row of this (batch, head) and the task's query sub-tile ----------------------------------
     b = bh // Hq
     hq = bh % Hq
     hkv = hq // group
@@ -159,6 +199,8 @@ def sparse_fwd_kernel(
             _store_out(O, LSE, b_o, b_lse, b, hq, bh, stride_ob, stride_oh, stride_om, offs_m, offs_d, m_ok, Lq)
     else:
         _store_out(O, LSE, b_o, b_lse, b, hq, bh, stride_ob, stride_oh, stride_om, offs_m, offs_d, m_ok, Lq)
+
+
 
 
 @triton.jit

@@ -36,7 +36,7 @@ def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
         if not isinstance(config, FwdConfig):
             raise TypeError(f"config must be a FwdConfig or None, got {type(config).__name__}")
         L.check_kernel_tiles("config", layout, block_m=config.block_m, block_n=config.block_n)
-        check_split("config", config.split)
+        check_split("config", config.split, config.persistent)
     if bwd_config is not None:
         if not isinstance(bwd_config, BwdConfig):
             raise TypeError(f"bwd_config must be a BwdConfig or None, got {type(bwd_config).__name__}")

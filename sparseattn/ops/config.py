@@ -32,7 +32,11 @@ class FwdConfig:
     merged in a fixed order: deterministic); ``"auto"`` lets :mod:`sparseattn.balance` pick the chunk on the
     device (FlashInfer's fill rule and a tail bound). The default stays the plain grid until the balance
     suite's H200 timings show where splitting pays. Only the forward splits rows: the backward's dK/dV pass
-    cuts long columns by itself (``BwdConfig.chunk``), its dQ pass walks whole rows."""
+    cuts long columns by itself (``BwdConfig.chunk``), its dQ pass walks whole rows.
+
+    ``persistent`` (needs ``split``): instead of one program per (task, head), a fixed grid of about two
+    programs per SM loops over the split plan's (task, head) items, longest task first; the output is the
+    split grid's, bit for bit. Warp specialisation is off on this path (its loop is inside the task loop)."""
     block_m: int
     block_n: int
     num_warps: int
@@ -40,6 +44,7 @@ class FwdConfig:
     tma: Optional[bool] = None
     warp_specialize: bool = False
     split: Union[int, str, None] = None
+    persistent: bool = False
 
 
 @dataclass(frozen=True)

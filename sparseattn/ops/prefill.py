@@ -1,5 +1,5 @@
 """Forward pass of block-sparse prefill attention: config, allocation and the keyword launch (plain grid, or
-split tasks and their merge when the config asks: :mod:`.split`)."""
+split tasks and their merge when the config asks, on the split or the persistent grid: :mod:`.split`)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -53,17 +53,19 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
         desc_q = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, cfg.block_m, D])
         desc_k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.block_n, D])
         desc_v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.block_n, D])
+    persistent = split is not None and cfg.persistent
     L.launch(
-        prefill_fwd.sparse_fwd_kernel, (split.plan.capacity if split is not None else order.numel(), B * Hq),
+        prefill_fwd.sparse_fwd_kernel,
+        S.grid(split, persistent, L.num_sms(q.device)) if split is not None else (order.numel(), B * Hq),
         Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v,
         **L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"), **L.strides("o", o, "m"),
         KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index, FULL_COUNT=layout.full_count,
         FULL_INDEX=layout.full_index, ROW_ORDER=order, **L.mask_kwargs(layout, B),
-        **(S.kernel_kwargs(split) if split is not None else S.PLAIN),
+        **(S.kernel_kwargs(split, persistent) if split is not None else S.PLAIN),
         Hq=Hq, **L.head_kwargs(layout, Hq, Hkv), n_qtiles=layout.nq, W=layout.width, FW=layout.full_width,
         Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale_log2=scale * LOG2E,
         HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        WARP_SPEC=cfg.warp_specialize and not _runtime.is_interpreter(),
+        WARP_SPEC=cfg.warp_specialize and not persistent and not _runtime.is_interpreter(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split is not None:

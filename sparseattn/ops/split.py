@@ -19,7 +19,11 @@ class SplitLaunch(NamedTuple):
 
 
 #: the forward kernel's split arguments when it runs the plain grid
-PLAIN = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, ws_cap=0)
+PLAIN = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, ws_cap=0, n_bh=0, PERSISTENT=False)
+
+#: programs per SM of the persistent grid: enough that one program's long task is hidden behind others on
+#: its SM (more than one resident program per SM), few enough that each program loops over several tasks
+PERSISTENT_PROGRAMS_PER_SM = 2
 
 
 def prepare(layout: BlockLayout, block_m: int, split, B: int, Hq: int, D: int, device) -> SplitLaunch:
@@ -31,10 +35,20 @@ def prepare(layout: BlockLayout, block_m: int, split, B: int, Hq: int, D: int, d
     return SplitLaunch(plan, ws_o, ws_lse)
 
 
-def kernel_kwargs(s: SplitLaunch) -> dict:
-    """The forward kernel's split arguments (``SPLIT`` follows from ``TASKS``)."""
+def kernel_kwargs(s: SplitLaunch, persistent: bool = False) -> dict:
+    """The forward kernel's split arguments (``SPLIT`` follows from ``TASKS``); ``persistent``: the programs
+    loop over the (task, head) items instead of owning one each."""
     return dict(TASKS=s.plan.tasks, N_TASKS=s.plan.n_tasks, WS_O=s.ws_o, WS_LSE=s.ws_lse,
-                ws_cap=s.ws_o.shape[1])
+                ws_cap=s.ws_o.shape[1], n_bh=s.ws_o.shape[0], PERSISTENT=bool(persistent))
+
+
+def grid(s: SplitLaunch, persistent: bool, sms: int) -> tuple:
+    """The split launch's grid: ``(task capacity, B * Hq)``, or, persistent, one axis of
+    ``PERSISTENT_PROGRAMS_PER_SM * sms`` programs (never more than the capacity's items; from shapes only, so
+    a captured graph serves every layout of these shapes; programs past the live items loop zero times)."""
+    if not persistent:
+        return (s.plan.capacity, s.ws_o.shape[0])
+    return (max(1, min(s.plan.capacity * s.ws_o.shape[0], PERSISTENT_PROGRAMS_PER_SM * sms)),)
 
 
 def merge(s: SplitLaunch, o: torch.Tensor, lse: torch.Tensor, block_m: int) -> None:
@@ -51,8 +65,14 @@ def merge(s: SplitLaunch, o: torch.Tensor, lse: torch.Tensor, block_m: int) -> N
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4)
 
 
-def check_split(name: str, split) -> None:
-    """``split`` of a config: None (plain grid), ``"auto"`` or an int >= 1 (listed tiles per task)."""
+def check_split(name: str, split, persistent=False) -> None:
+    """``split`` of a config: None (plain grid), ``"auto"`` or an int >= 1 (listed tiles per task);
+    ``persistent``: a bool, True only with a split (the persistent grid loops over the split plan's tasks)."""
+    if not isinstance(persistent, bool):
+        raise ValueError(f"{name}: persistent must be a bool, got {persistent!r}")
+    if persistent and split is None:
+        raise ValueError(f"{name}: persistent=True needs split='auto' or an int (it loops over the split plan's "
+                         f"tasks); got split=None")
     if split is None:
         return
     try:
