@@ -87,12 +87,12 @@ def compiled_kind(fn, types):
         dict({f"CAP{i}": t for i, t in enumerate(types)}, CAP_SHAPE=I32)
 
 
-NO_SPLIT = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None)
+NO_SPLIT = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, PERSISTENT=False)
 
 
 def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True):
-    """The forward (head dims ``dims``; with ``split``, also the split forward) and, with ``backward``, the
-    dK/dV (both dQ modes) and dQ kernels."""
+    """The forward (head dims ``dims``; with ``split``, also the split and the persistent split forward) and,
+    with ``backward``, the dK/dV (both dQ modes) and dQ kernels."""
     extra = {k: v for k, v in (("BITS", U8), ("DOC", I32), ("ROW_SLOT", U8)) if k not in mask}
     extra.update(cap_ptrs)
     fwd = dict(Q=BF16, K=BF16, V=BF16, O=BF16, LSE=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32,
@@ -101,10 +101,12 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True):
         yield prefill_fwd.sparse_fwd_kernel, fwd, ("scale_log2",), dict(
             HEAD_DIM=d, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128 if d == 128 else 64,
             WARP_SPEC=False, desc_q=None, desc_k=None, desc_v=None, **NO_SPLIT, **mask)
-    if split:  # the split forward: tasks of sparseattn.balance.plan, partial states to a float32 workspace
+    # the split forward (tasks of sparseattn.balance.plan, partial states to a float32 workspace), on its own
+    # grid and on the persistent one (a loop over the tasks around the same body)
+    for persistent in ((False, True) if split else ()):
         yield prefill_fwd.sparse_fwd_kernel, {**fwd, "TASKS": I32, "N_TASKS": I32, "WS_O": F32, "WS_LSE": F32}, \
             ("scale_log2",), dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128, WARP_SPEC=False,
-                                  desc_q=None, desc_k=None, desc_v=None, **mask)
+                                  desc_q=None, desc_k=None, desc_v=None, PERSISTENT=persistent, **mask)
     for atomic in ((False, True) if backward else ()):
         bwd = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, WS_K=F32, WS_V=F32,
                    Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32, **extra,
