@@ -605,16 +605,26 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
         plain = bf.one(Impl.OURS, Pass.FWD, case=name)
         assert plain.ms > 0 and plain.get("ideal_ms") > 0 and plain.get("balance")["total_tiles"] > 0
         for split in ("auto", 1):
-            r = bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=split)
+            r = bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=split, persistent=False)
             assert r.ms > 0 and r.get("max_abs_diff_vs_plain") < 1e-4 and r.get("tasks") <= r.get("capacity")
             assert r.get("predicted_ms") > 0  # the roofline prices the split plan too
         if name != "causal H=1 N/4":  # 128 tokens: one tile, nothing to split
-            assert bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=1).get("merged_rows") > 0
+            assert bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split=1, persistent=False).get("merged_rows") > 0
+        # the persistent grid over the "auto" plan: the split row's tasks, the same output bits
+        p = bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, persistent=True)
+        auto = bf.one(Impl.OURS_SPLIT, Pass.FWD, case=name, split="auto", persistent=False)
+        assert p.ms > 0 and p.case["split"] == "auto" and p.get("config")["persistent"] is True
+        assert p.get("max_abs_diff_vs_plain") == auto.get("max_abs_diff_vs_plain")
+        assert (p.get("chunk"), p.get("tasks")) == (auto.get("chunk"), auto.get("tasks")) and p.get("programs") >= 1
+    row = {r["case"]: r for r in table}
+    assert all(row[name]["persist_ms"] > 0 for name in BB.CASES)
     g = bf.one(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case="routed skewed (synthetic)")
     assert g.ms > 0 and g.get("graph_equals_eager") is True and g.get("host_sync_free") is True
     from sparseattn.viz import ch10_load_balance as V  # what chapter 10 shows once the suite is recorded
     t = V.recorded_table(bf)
     assert t.column("case") == list(BB.CASES) and "failed" not in str(t.rows)
+    assert t.column("persistent auto (ms)") == [f"{bf.ms(Impl.OURS_SPLIT, Pass.FWD, case=n, persistent=True):.3f}"
+                                                for n in BB.CASES]
     # the ideal's calibration: equal rows, one record per (N, H)
     assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
         {(256, 2), (128, 1)}

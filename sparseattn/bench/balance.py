@@ -12,7 +12,9 @@ per row: every program busy to the end, no tail) times the case's listed tiles. 
 roofline's prediction of the same call (:func:`sparseattn.roofline.cost`; the split rows with the split
 plan's tasks, workspace traffic and merge). Each of our rows also carries
 :func:`sparseattn.balance.report` (per-program tiles, makespan over the SMs, tail share) and, for the split
-rows, the chunk the planner chose and the tasks it made. The routed case is also captured in a CUDA graph
+rows, the chunk the planner chose and the tasks it made. Each case also runs the persistent variant of the
+"auto" split (``FwdConfig.persistent``: a fixed grid of about two programs per SM looping over the same
+tasks), recorded as a split row with ``"persistent": true`` (the other split rows say ``false``). The routed case is also captured in a CUDA graph
 on a dynamic layout of fixed capacity (``fwd (CUDA graph)``): replay time, the planner run under
 ``torch.cuda.set_sync_debug_mode("error")`` (no host sync), capacity vs tasks used.
 """
@@ -39,8 +41,9 @@ CONFIG_KIND = None
 BLOCK = 128
 EQUAL_ROW_TILES = 32  # tiles per row of the ideal's calibration layout
 SPLITS = ("auto", 16, 64)  # the split variants timed on every case
-COLUMNS = ["case", "N", "H", "plain_ms", "split_ms", "chunk", "best_split", "flex_ms", "cudnn_ms", "ideal_ms",
-           "pred_ms", "plain/ideal", "split/ideal", "flex/split", "tail_plain", "tail_split"]
+COLUMNS = ["case", "N", "H", "plain_ms", "split_ms", "persist_ms", "chunk", "best_split", "flex_ms", "cudnn_ms",
+           "ideal_ms", "pred_ms", "plain/ideal", "split/ideal", "persist/ideal", "flex/split", "tail_plain",
+           "tail_split"]
 
 #: case name -> (query heads, length multiplier of --n)
 CASES = {"documents lognormal": (16, 1), "documents lognormal 2N": (16, 2), "causal&(sinks64|window1024)": (16, 1),
@@ -180,7 +183,7 @@ def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) ->
         plan = BAL.plan(layout, cfg.block_m, split, H, sms, D)
         rep = rep_auto if split == "auto" else BAL.report(layout.to("cpu"), 1, H, block_m=BLOCK, split=split,
                                                             sms=sms, head_dim=D)
-        records.append(Record({**case, "split": split}, Impl.OURS_SPLIT, Pass.FWD, ms,
+        records.append(Record({**case, "split": split, "persistent": False}, Impl.OURS_SPLIT, Pass.FWD, ms,
                               {"ideal_ms": ideal, "predicted_ms": _predicted(layout, H, D, config=cfg),
                                "chunk": int(plan.chunk), "tasks": int(plan.n_tasks[0]),
                                "capacity": plan.capacity, "merged_rows": int(plan.n_merge[0]),
@@ -193,6 +196,7 @@ def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) ->
             best = (ms, split)
     if best:
         row["best_split"] = f"{best[1]}:{best[0]:.3f}"
+    _persistent(q, k, v, layout, base_cfg, case, ideal, o_plain, H, D, sms, records, row)
     if not args.no_flex:
         ms_flex, err = _time(C.flex_fn(q, k, v, layout.to_flex()))
         records.append(Record(case, Impl.FLEX, Pass.FWD, ms_flex,
@@ -207,6 +211,26 @@ def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) ->
     if name == "routed skewed (synthetic)":
         _graph(q, k, v, layout, base_cfg, case, ideal, records)
     table.append(row)
+
+
+def _persistent(q, k, v, layout, base_cfg, case, ideal, o_plain, H, D, sms, records, row) -> None:
+    """The "auto" split on the persistent grid: the same plan and workspace, a fixed grid of
+    ``PERSISTENT_PROGRAMS_PER_SM x SMs`` programs (warp specialisation off on this path)."""
+    from ..ops import split as S
+    cfg = FwdConfig(**{**C.config_dict(base_cfg), "split": "auto", "persistent": True})
+    extra = {"ideal_ms": ideal, "config": C.config_dict(cfg)}
+    try:
+        o = sparse_attention(q, k, v, layout, config=cfg)
+        plan = BAL.plan(layout, cfg.block_m, "auto", H, sms, D)
+        extra.update(max_abs_diff_vs_plain=float((o.float() - o_plain.float()).abs().max()),
+                     chunk=int(plan.chunk), tasks=int(plan.n_tasks[0]), capacity=plan.capacity,
+                     programs=S.persistent_programs(plan.capacity, H, sms))
+        ms, err = _time(lambda: sparse_attention(q, k, v, layout, config=cfg))
+    except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
+        ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+    records.append(Record({**case, "split": "auto", "persistent": True}, Impl.OURS_SPLIT, Pass.FWD, ms,
+                          {**extra, **({"error": err} if err else {})}))
+    row.update({"persist_ms": _r(ms), "persist/ideal": _ratio(ms, ideal)})
 
 
 def _graph(q, k, v, layout, base_cfg, case, ideal, records) -> None:

@@ -48,7 +48,12 @@ def grid(s: SplitLaunch, persistent: bool, sms: int) -> tuple:
     a captured graph serves every layout of these shapes; programs past the live items loop zero times)."""
     if not persistent:
         return (s.plan.capacity, s.ws_o.shape[0])
-    return (max(1, min(s.plan.capacity * s.ws_o.shape[0], PERSISTENT_PROGRAMS_PER_SM * sms)),)
+    return (persistent_programs(s.plan.capacity, s.ws_o.shape[0], sms),)
+
+
+def persistent_programs(capacity: int, heads: int, sms: int) -> int:
+    """Programs of the persistent grid for a plan of ``capacity`` tasks on ``heads`` (B * Hq) heads."""
+    return max(1, min(capacity * heads, PERSISTENT_PROGRAMS_PER_SM * sms))
 
 
 def merge(s: SplitLaunch, o: torch.Tensor, lse: torch.Tensor, block_m: int) -> None:

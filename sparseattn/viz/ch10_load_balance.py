@@ -157,15 +157,18 @@ def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figu
 
 
 def recorded_table(bf: BenchFile) -> Table:
-    """The recorded ``balance`` suite: per case our plain grid, the split plan ("auto" and the best chunk),
-    FlexAttention and cuDNN on the causal envelope, beside the ideal balanced time and the prediction."""
+    """The recorded ``balance`` suite: per case our plain grid, the split plan ("auto" and the best chunk), the
+    persistent grid over the "auto" plan (files that predate it: "not measured"), FlexAttention and cuDNN on
+    the causal envelope, beside the ideal balanced time and the prediction."""
     rows = []
     names = dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.FWD))  # in the suite's order
     for name in names:
         if name == "equal rows":
             continue
         plain = bf.one(Impl.OURS, Pass.FWD, case=name)
-        splits = bf.select(Impl.OURS_SPLIT, Pass.FWD, case=name)
+        both = bf.select(Impl.OURS_SPLIT, Pass.FWD, case=name)
+        splits = [r for r in both if not r.case.get("persistent")]
+        persist = [r for r in both if r.case.get("persistent")]
         auto = next((r for r in splits if r.case.get("split") == "auto"), None)
         timed = [r for r in splits if r.ms is not None]
         best = min(timed, key=lambda r: r.ms) if timed else None
@@ -177,10 +180,11 @@ def recorded_table(bf: BenchFile) -> Table:
             return "failed" if x is None else f"{x:.3f}"
         rows.append([name, plain.case["N"], fmt(plain.ms), fmt(auto.ms if auto else None),
                      f"{best.case['split']}: {best.ms:.3f}" if best else "failed",
+                     fmt(persist[0].ms) if persist else "not measured",
                      fmt(flex[0].ms) if flex else "not measured", fmt(cud[0].ms) if cud else "not measured",
                      fmt(ideal), fmt(plain.get("predicted_ms")),
                      f"{plain.ms / ideal:.2f}" if plain.ms and ideal else "",
                      f"{best.ms / ideal:.2f}" if best and ideal else ""])
-    return Table(["case", "N", "plain (ms)", "split auto (ms)", "best split", "FlexAttention (ms)",
-                  "cuDNN causal (ms)", "ideal (ms)", "predicted (ms)", "plain / ideal", "best split / ideal"],
+    return Table(["case", "N", "plain (ms)", "split auto (ms)", "best split", "persistent auto (ms)",
+                  "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "predicted (ms)", "plain / ideal", "best split / ideal"],
                  rows, caption=f"Forward, bf16, D=128; {bf.caption()}")
