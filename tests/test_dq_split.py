@@ -10,6 +10,7 @@ from sparseattn.kernels import prefill_bwd
 from sparseattn.ops import BwdConfig
 from sparseattn.ops import backward as BW
 from test_balance import BLK, LAYOUTS, L, _docs
+from test_bench import _args, _check_run, cpu_stand_ins  # noqa: F401 - a fixture
 
 TOL = {torch.float32: dict(atol=5e-5, rtol=5e-5), torch.float16: dict(atol=1e-2, rtol=1e-2)}
 
@@ -129,3 +130,24 @@ def test_bad_dq_split_is_refused(bad):
     q, k, v = (torch.randn(1, 2, L, 32) for _ in range(3))
     with pytest.raises(ValueError, match="dq_split"):
         sa.sparse_attention(q, k, v, layout, bwd_config=_cfg(bad))
+
+
+def test_balance_bwd_suite_on_cpu(cpu_stand_ins):
+    """The ``balance_bwd`` suite end to end on the CPU (timers stand in): a plain, a split-dQ and a Flex
+    backward row per case, the equal-rows calibration, and the split rows' checks recorded true."""
+    from sparseattn.bench import balance_bwd as BB
+    from sparseattn.bench.record import Impl, Pass
+    cpu_stand_ins.setattr(BB, "CASES", {"documents lognormal": (2, 1), "causal H=1 N/4": (1, 0.25)})
+    cpu_stand_ins.setattr(BB, "DQ_SPLIT", 1)
+    records, table, cols = BB.run(_args(n="512"))
+    bf = _check_run(BB, records, table, cols, (Impl.OURS, Pass.BWD), (Impl.OURS_SPLIT, Pass.BWD),
+                    (Impl.FLEX, Pass.BWD))
+    assert [r["case"] for r in table] == list(BB.CASES)
+    for name in BB.CASES:
+        assert bf.one(Impl.OURS, Pass.BWD, case=name).get("ideal_ms") > 0
+        r = bf.one(Impl.OURS_SPLIT, Pass.BWD, case=name)
+        assert r.ms > 0 and r.get("dkdv_equal_plain") is True and r.get("bitwise_repeatable") is True
+        assert r.get("max_abs_dq_vs_plain") < 1e-4 and r.get("dq_tasks") <= r.get("dq_capacity")
+    assert bf.one(Impl.OURS_SPLIT, Pass.BWD, case="documents lognormal").get("dq_split_rows") > 0
+    assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.BWD, case="equal rows")} == \
+        {(512, 2), (128, 1)}
