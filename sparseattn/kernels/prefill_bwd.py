@@ -285,7 +285,8 @@ def dq_kernel(
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
                      DOT_PRECISION, USE_FN)
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, FULL_COUNT, FULL_INDEX,
-                     row, FW, tl.maximum(slot_lo - kv_n, 0), slot_hi - kv_n, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
+                     row, FW, tl.maximum(slot_lo - kv_n, 0), slot_hi - kv_n, offs_m_abs, row_in_tile, doc_q,
+                     DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
