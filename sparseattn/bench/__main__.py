@@ -16,7 +16,9 @@ compiled ``flex_attention``; overhead share vs N, recall vs top-k, reuse), ``hos
 time goes at N <= 4k: event-timed, CUDA-graph device time, host time per call, kernels per call, host syncs,
 and a function-level profile of our call, for ours, FlexAttention and cuDNN, forward and backward),
 ``balance`` (the forward on skewed layouts: plain grid vs split rows vs FlexAttention and cuDNN, beside the
-ideal balanced time and the roofline's prediction; the split forward in a CUDA graph).
+ideal balanced time and the roofline's prediction; the split forward in a CUDA graph), ``balance_bwd`` (the
+backward on the same layouts, in its own run: plain dQ pass vs split dQ pass vs FlexAttention's backward,
+beside the backward's ideal balanced time).
 
 ``--sweep`` (prefill, backward, decode) also times a set of kernel configs and writes
 ``<suite>-sweep-<gpu>.json`` (every row, the sweep's included) and ``<suite>-defaults-<gpu>.json`` (the best
@@ -37,7 +39,7 @@ from . import _common as C
 #: suite name -> module (imported when the suite runs)
 SUITES = {"prefill": "prefill", "layout": "layout_build", "backward": "backward", "decode": "decode",
           "decode_keep": "decode_keep", "crossover": "crossover", "errors": "errors", "routing": "routing",
-          "host": "host", "balance": "balance"}
+          "host": "host", "balance": "balance", "balance_bwd": "balance_bwd"}
 
 
 def suite_module(name: str):

@@ -3,8 +3,10 @@
 Deterministic path (7 tile matmuls): ``dkdv_kernel`` gives one program per (key sub-tile, chunk of its
 column, batch * KV head) walking the *transposed* table (the query tiles that visit the key tile) for every
 query head of the GQA group, recomputing ``P`` from the saved LSE; ``dq_kernel`` gives one program per
-(query sub-tile, batch * query head) walking the forward table. No two programs write the same element, so
-repeated runs are bitwise equal. ``Δ = rowsum(dO ∘ O)`` is computed before both.
+(query sub-tile, batch * query head) walking the forward table -- or, split (``SPLIT``, ``BwdConfig.dq_split``),
+one program per task of :func:`sparseattn.balance.plan`: a long row's chunks write float32 partial dQ to a
+workspace that ``dq_reduce_kernel`` sums in chunk order. No two programs write the same element, so repeated
+runs are bitwise equal. ``Δ = rowsum(dO ∘ O)`` is computed before both.
 
 Atomic path (5 tile matmuls, ``DQ_ACC`` given): the dK/dV program also forms ``dQ_i += dS_ij K_j`` and adds
 it into a float32 dQ with ``tl.atomic_add``; the order of those additions varies from run to run.
@@ -174,17 +176,18 @@ def dkdv_kernel(
 
 @triton.jit
 def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, COUNT, INDEX, row, width,
-              offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
+              lo, hi, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
               band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
               lb, lh, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
               HAS_ROW_SLOT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr):
-    """Accumulate dQ ``[BM, D]`` over the key tiles listed in ``INDEX[row, :COUNT[row]]``."""
+    """Accumulate dQ ``[BM, D]`` over the key tiles listed at positions ``[lo, hi)`` of ``INDEX[row]``, clipped
+    to the ``COUNT[row]`` tiles this head lists (a split task's range follows the longest head)."""
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
     offs_d = tl.arange(0, HEAD_DIM)
-    n_tiles = tl.load(COUNT + row)
-    for it in range(0, n_tiles * SUB):
+    n_tiles = tl.minimum(tl.load(COUNT + row), hi)
+    for it in range(lo * SUB, n_tiles * SUB):
         slot = it // SUB
         kb = tl.load(INDEX + row * width + slot)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
@@ -217,10 +220,11 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
     "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
     "USE_FN": lambda a: a["MASK_FN"] is not None,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
+    "SPLIT": lambda a: a["TASKS"] is not None,
 })
 @triton.jit
 def dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_cap,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
@@ -230,16 +234,27 @@ def dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, SPLIT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
+    if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)
+        if pid >= tl.load(N_TASKS):
+            return  # an empty slot of the fixed-capacity task list
+        m_tile = tl.load(TASKS + pid * 4)
+        slot_lo = tl.load(TASKS + pid * 4 + 1)
+        slot_hi = tl.load(TASKS + pid * 4 + 2)
+        ws = tl.load(TASKS + pid * 4 + 3)
+    else:
+        m_tile = pid
+        slot_lo = 0
+        slot_hi = W + FW
     b = bh // Hq
     hq = bh % Hq
     hkv = hq // group
     lb = b % LB
     lh = (hq // lh_div) % LH
-    m_start = pid * BLOCK_M
+    m_start = m_tile * BLOCK_M
     qi = m_start // BLOCK_Q
     row = (lb * LH + lh) * n_qtiles + qi
     offs_m = m_start + tl.arange(0, BLOCK_M)  # [BM]
@@ -260,20 +275,58 @@ def dq_kernel(
     doc_q = doc_ids(DOC_ROW, offs_m_abs, HAS_DOC)  # [BM]
     RS_ROW = row_slot_base(ROW_SLOT, lb, lh, LH, Lq, W, HAS_ROW_SLOT)  # member bits of this layout head
     rs_rows = row_slot_rows(offs_m, Lq, W)  # [BM]
+    # slots count the partial list, then the full list: slot s >= KV_COUNT[row] is full tile s - KV_COUNT[row]
+    kv_n = tl.load(KV_COUNT + row)
 
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, KV_COUNT, KV_INDEX,
-                     row, W, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
+                     row, W, slot_lo, slot_hi, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
                      DOT_PRECISION, USE_FN)
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, FULL_COUNT, FULL_INDEX,
-                     row, FW, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
+                     row, FW, tl.maximum(slot_lo - kv_n, 0), slot_hi - kv_n, offs_m_abs, row_in_tile, doc_q,
+                     DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
                      DOT_PRECISION, USE_FN)
 
+    dq_ptrs = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqm
+    if SPLIT:
+        if ws >= 0:  # a chunk of a split row: its unscaled float32 partial, summed by dq_reduce_kernel
+            p_ws = (bh.to(tl.int64) * ws_cap + ws) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] workspace rows
+            tl.store(WS_DQ + p_ws[:, None] * HEAD_DIM + offs_d[None, :], b_dq)
+        else:
+            tl.store(dq_ptrs + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
+    else:
+        tl.store(dq_ptrs + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
+
+
+@triton.jit
+def dq_reduce_kernel(WS_DQ, MERGE, N_MERGE, DQ, stride_dqb, stride_dqh, stride_dqm, Hq, Lq, ws_cap, scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dQ of the split rows of a split dQ pass: one program per (split query sub-tile, batch * query head, slice
+    of the head dim) adds the row's chunk partials (consecutive workspace slots) in chunk order -- a fixed
+    order and no atomics, so the result is bitwise repeatable. dQ is linear in the tiles, so a plain sum is
+    the whole merge (no max or LSE to carry, unlike the forward's). Entries past ``N_MERGE[0]`` return."""
+    e = tl.program_id(0)
+    bh = tl.program_id(1)
+    dblk = tl.program_id(2)
+    if e >= tl.load(N_MERGE):
+        return
+    m_tile = tl.load(MERGE + e * 3)
+    first = tl.load(MERGE + e * 3 + 1)
+    n_chunks = tl.load(MERGE + e * 3 + 2)
+    offs_r = tl.arange(0, BLOCK_M)  # [BM] rows of the sub-tile
+    offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)  # [BD]
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for j in range(0, n_chunks):
+        p_ws = (bh.to(tl.int64) * ws_cap + first + j) * BLOCK_M + offs_r  # [BM]
+        acc += tl.load(WS_DQ + p_ws[:, None] * HEAD_DIM + offs_d[None, :])  # [BM, BD]
+    offs_m = m_tile * BLOCK_M + offs_r
+    b = bh // Hq
+    hq = bh % Hq
     dq_base = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
-    tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty),
-             mask=m_ok[:, None])
+    tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (acc * scale).to(DQ.dtype.element_ty),
+             mask=(offs_m < Lq)[:, None])

@@ -45,6 +45,11 @@ def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
         if bwd_config.chunk is not None and (isinstance(bwd_config.chunk, bool) or
                                              not isinstance(bwd_config.chunk, int) or bwd_config.chunk < 1):
             raise ValueError(f"bwd_config: chunk must be None or an int >= 1, got {bwd_config.chunk!r}")
+        dq_split = bwd_config.dq_split
+        if dq_split is not None and not (isinstance(dq_split, str) and dq_split == "auto") and (
+                isinstance(dq_split, bool) or not isinstance(dq_split, int) or dq_split < 1):
+            raise ValueError(f"bwd_config: dq_split must be None (one program per dQ row), 'auto' or an int >= 1 "
+                             f"(listed tiles per task), got {dq_split!r}")
     check_device(q)
     return scale
 

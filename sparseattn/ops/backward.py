@@ -1,5 +1,6 @@
 """Backward pass of block-sparse prefill attention: the dK/dV work plan (column chunks), Δ, and the keyword
-launches of the dK/dV and dQ kernels."""
+launches of the dK/dV and dQ kernels (the dQ pass, when ``BwdConfig.dq_split`` asks, runs the task list of
+:func:`sparseattn.balance.plan` and sums split rows' partials in a fixed order)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _runtime
+from .. import _runtime, balance
 from .._checks import LOG2E
 from ..layout import BlockLayout
 from . import _launch as L
@@ -88,6 +89,20 @@ def dynamic_column_work(layout: BlockLayout, block_n: int) -> ColumnWork:
                       none, none)
 
 
+class DqSplit(NamedTuple):
+    """The split dQ pass: the planner's tasks for ``dq_block_m`` rows and their float32 workspace."""
+    plan: balance.Plan
+    ws: torch.Tensor  # float32 [B * Hq, ws slots, dq_block_m, D]: unscaled partial dQ of split rows' chunks
+
+
+def dq_split_launch(layout: BlockLayout, block_m: int, split, B: int, Hq: int, D: int, device) -> DqSplit:
+    """The dQ task plan for ``B * Hq`` heads on this device's SMs (the forward's planner, at the dQ pass's
+    query tile) and an uninitialised workspace of its shape-only capacity. No host sync."""
+    plan = balance.plan(layout, block_m, split, B * Hq, L.num_sms(device), D)
+    ws = torch.empty(B * Hq, max(plan.ws_capacity, 1), block_m, D, device=device, dtype=torch.float32)
+    return DqSplit(plan, ws)
+
+
 def bwd_config(q: torch.Tensor, layout: BlockLayout) -> BwdConfig:
     """The tuned default for this GPU family, dtype and head dim, clipped to the layout's tiles."""
     return layout_default("bwd", q.device, _runtime.is_interpreter(), q.dtype, q.shape[-1], layout.block_q,
@@ -138,11 +153,22 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
             grad[:, :, plan.split_rows] = summed.to(grad.dtype)
     if deterministic:
         dq = torch.empty_like(q)
-        L.launch(prefill_bwd.dq_kernel, (math.ceil(Lq / cfg.dq_block_m), B * Hq),
+        split = None if cfg.dq_split is None else dq_split_launch(layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D,
+                                                                   q.device)
+        tasks = dict(TASKS=None, N_TASKS=None, WS_DQ=None, ws_cap=0) if split is None else dict(
+            TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
+        grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
+        L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **tasks,
                  DQ=dq, **L.strides("dq", dq, "m"), KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index,
                  FULL_COUNT=layout.full_count, FULL_INDEX=layout.full_index, FW=layout.full_width, **common,
                  BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, num_warps=cfg.num_warps,
                  num_stages=cfg.num_stages)
+        if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
+            block_d = min(D, 64)
+            L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
+                     WS_DQ=split.ws, MERGE=split.plan.merge, N_MERGE=split.plan.n_merge, DQ=dq,
+                     **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
+                     HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
     else:
         dq = (dq_acc * scale).to(q.dtype)
     return dq, dk, dv

@@ -31,8 +31,8 @@ class FwdConfig:
     an int runs tasks of at most that many listed tiles (longer rows are split, their chunks' partial states
     merged in a fixed order: deterministic); ``"auto"`` lets :mod:`sparseattn.balance` pick the chunk on the
     device (FlashInfer's fill rule and a tail bound). The default stays the plain grid until the balance
-    suite's H200 timings show where splitting pays. Only the forward splits rows: the backward's dK/dV pass
-    cuts long columns by itself (``BwdConfig.chunk``), its dQ pass walks whole rows.
+    suite's H200 timings show where splitting pays. The backward's dK/dV pass cuts long columns by itself
+    (``BwdConfig.chunk``); its dQ pass splits rows with the same planner when ``BwdConfig.dq_split`` asks.
 
     ``persistent`` (needs ``split``): instead of one program per (task, head), a fixed grid of about two
     programs per SM loops over the split plan's (task, head) items, longest task first; the output is the
@@ -53,7 +53,11 @@ class BwdConfig:
     (``block_n``) resident and streams thin query tiles (``block_m``) past it; the dQ pass does the opposite
     (``dq_block_m`` queries resident, ``dq_block_n`` keys per step). ``chunk``: at most this many listed query
     tiles per dK/dV program (longer columns are split and summed in a fixed order); None derives it from the
-    layout."""
+    layout. ``dq_split``: the dQ pass's rows, as ``FwdConfig.split`` for the forward: ``None`` (default) one
+    program per query sub-tile over its whole row; an int or ``"auto"`` runs the tasks of
+    :func:`sparseattn.balance.plan` for ``dq_block_m`` rows, long rows' chunks writing float32 partial dQ that
+    are summed in chunk order (deterministic). Only the deterministic path has a dQ pass; the atomic path
+    (``deterministic=False``) forms dQ inside the dK/dV pass and ignores ``dq_split``."""
     block_m: int
     block_n: int
     dq_block_m: int
@@ -61,6 +65,7 @@ class BwdConfig:
     num_warps: int
     num_stages: int
     chunk: Optional[int] = None
+    dq_split: Union[int, str, None] = None
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,11 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True):
         dq = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DQ=BF16, KV_COUNT=I32, KV_INDEX=I32,
                   FULL_COUNT=I32, FULL_INDEX=I32, **extra)
         yield prefill_bwd.dq_kernel, dq, ("scale", "scale_log2"), dict(
-            HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask)
+            HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, TASKS=None, N_TASKS=None, WS_DQ=None,
+            **mask)
+    if backward and split:  # the split dQ pass (BwdConfig.dq_split): tasks of balance.plan, float32 partial dQ
+        yield prefill_bwd.dq_kernel, {**dq, "TASKS": I32, "N_TASKS": I32, "WS_DQ": F32}, ("scale", "scale_log2"), \
+            dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask)
 
 
 def variants():
@@ -152,6 +156,9 @@ def variants():
         HEAD_DIM=128, BLOCK_D=32, BLOCK_S=64)
     for d in (64, 128):  # the split forward's merge (one slice of D per program)
         yield merge.merge_rows_kernel, dict(WS_O=F32, WS_LSE=F32, MERGE=I32, N_MERGE=I32, O=BF16, LSE=F32), (), \
+            dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_D=64)
+    for d in (64, 128):  # the split dQ pass's fixed-order sum of partial dQ
+        yield prefill_bwd.dq_reduce_kernel, dict(WS_DQ=F32, MERGE=I32, N_MERGE=I32, DQ=BF16), ("scale",), \
             dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_D=64)
     yield select.page_bound_kernel, dict(Q=BF16, K_MIN=BF16, K_MAX=BF16, PAGE_TABLE=I32, SEQ_LENS=I32, SEQS=I32,
                                          BOUND=F32), (), dict(HEAD_DIM=128, PAGE_SIZE=16, BLOCK_G=16, BLOCK_P=64)
