@@ -160,3 +160,19 @@ def load_lse_base2(lse_row, offs_m, m_ok):
     recomputed from them is exactly 0."""
     b_lse = tl.load(lse_row + offs_m, mask=m_ok, other=float("inf"))
     return tl.where(b_lse == float("-inf"), float("inf"), b_lse) * LOG2E
+
+
+@triton.jit
+def load_task(TASKS, t):
+    """Task ``t`` of a :func:`sparseattn.balance.plan` task list (int32 ``[capacity, 4]``): ``(query sub-tile,
+    first slot, end slot, workspace slot)``; the workspace slot is -1 when the task is its row's only one."""
+    p_task = TASKS + t * 4
+    return tl.load(p_task), tl.load(p_task + 1), tl.load(p_task + 2), tl.load(p_task + 3)
+
+
+@triton.jit
+def load_merge_entry(MERGE, e):
+    """Entry ``e`` of a plan's merge list (int32 ``[n, 3]``): ``(query sub-tile, first workspace slot, number
+    of chunks)`` of a split row, whose chunks sit in consecutive workspace slots in chunk order."""
+    p_entry = MERGE + e * 3
+    return tl.load(p_entry), tl.load(p_entry + 1), tl.load(p_entry + 2)

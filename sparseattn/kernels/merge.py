@@ -11,6 +11,8 @@ and LSE = -inf. Entries past ``N_MERGE[0]`` (the fixed capacity's empty slots) r
 import triton
 import triton.language as tl
 
+from ._common import load_merge_entry
+
 
 @triton.jit
 def merge_rows_kernel(WS_O, WS_LSE, MERGE, N_MERGE, O, LSE, stride_ob, stride_oh, stride_om, Hq, Lq, ws_cap,
@@ -20,9 +22,7 @@ def merge_rows_kernel(WS_O, WS_LSE, MERGE, N_MERGE, O, LSE, stride_ob, stride_oh
     dblk = tl.program_id(2)
     if e >= tl.load(N_MERGE):
         return
-    m_tile = tl.load(MERGE + e * 3)
-    first = tl.load(MERGE + e * 3 + 1)
-    n_chunks = tl.load(MERGE + e * 3 + 2)
+    m_tile, first, n_chunks = load_merge_entry(MERGE, e)
     offs_r = tl.arange(0, BLOCK_M)  # [BM] rows of the sub-tile
     offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)  # [BD]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)

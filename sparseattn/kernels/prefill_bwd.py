@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (doc_ids, doc_row, load_lse_base2, row_slot_base, row_slot_rows, row_tile_mask,
-                      tile_mask)
+from ._common import (doc_ids, doc_row, load_lse_base2, load_merge_entry, load_task, row_slot_base, row_slot_rows,
+                      row_tile_mask, tile_mask)
 
 
 @triton.jit
@@ -241,10 +241,7 @@ def dq_kernel(
     if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)
         if pid >= tl.load(N_TASKS):
             return  # an empty slot of the fixed-capacity task list
-        m_tile = tl.load(TASKS + pid * 4)
-        slot_lo = tl.load(TASKS + pid * 4 + 1)
-        slot_hi = tl.load(TASKS + pid * 4 + 2)
-        ws = tl.load(TASKS + pid * 4 + 3)
+        m_tile, slot_lo, slot_hi, ws = load_task(TASKS, pid)
     else:
         m_tile = pid
         slot_lo = 0
@@ -315,9 +312,7 @@ def dq_reduce_kernel(WS_DQ, MERGE, N_MERGE, DQ, stride_dqb, stride_dqh, stride_d
     dblk = tl.program_id(2)
     if e >= tl.load(N_MERGE):
         return
-    m_tile = tl.load(MERGE + e * 3)
-    first = tl.load(MERGE + e * 3 + 1)
-    n_chunks = tl.load(MERGE + e * 3 + 2)
+    m_tile, first, n_chunks = load_merge_entry(MERGE, e)
     offs_r = tl.arange(0, BLOCK_M)  # [BM] rows of the sub-tile
     offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)  # [BD]
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

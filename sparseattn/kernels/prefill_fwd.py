@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (doc_ids, doc_row, finalize, load_rows, online_softmax_step, row_slot_base, row_slot_rows,
-                      row_tile_mask)
+from ._common import (doc_ids, doc_row, finalize, load_rows, load_task, online_softmax_step, row_slot_base,
+                      row_slot_rows, row_tile_mask)
 
 
 @triton.jit
@@ -93,24 +93,20 @@ def sparse_fwd_kernel(
     if PERSISTENT:  # a fixed grid walks the (task, head) items, task outer: longest tasks of every head first
         n_items = tl.load(N_TASKS) * n_bh  # live tasks only: the capacity's empty slots are never visited
         for item in range(pid, n_items, tl.num_programs(0)):
-            t = item // n_bh
+            m_tile, slot_lo, slot_hi, ws = load_task(TASKS, item // n_bh)
             _fwd_task(Q, K, V, O, LSE, desc_q, desc_k, desc_v, stride_qb, stride_qh, stride_qm, stride_kb,
                       stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                       KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT, WS_O, WS_LSE,
-                      ws_cap, tl.load(TASKS + t * 4), tl.load(TASKS + t * 4 + 1), tl.load(TASKS + t * 4 + 2),
-                      tl.load(TASKS + t * 4 + 3), item % n_bh, Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk,
-                      q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2,
-                      CAP3, CAP_SHAPE, HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, WARP_SPEC, USE_BITS,
+                      ws_cap, m_tile, slot_lo, slot_hi, ws, item % n_bh, Hq, group, LB, LH, lh_div, n_qtiles, W, FW,
+                      Lq, Lk, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1,
+                      CAP2, CAP3, CAP_SHAPE, HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, WARP_SPEC, USE_BITS,
                       HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, True, USE_FN)
     else:
         bh = tl.program_id(1)
         if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)
             if pid >= tl.load(N_TASKS):
                 return  # an empty slot of the fixed-capacity task list
-            m_tile = tl.load(TASKS + pid * 4)
-            slot_lo = tl.load(TASKS + pid * 4 + 1)
-            slot_hi = tl.load(TASKS + pid * 4 + 2)
-            ws = tl.load(TASKS + pid * 4 + 3)
+            m_tile, slot_lo, slot_hi, ws = load_task(TASKS, pid)
         else:
             m_tile = tl.load(ROW_ORDER + pid)  # longest rows first: the tail of the launch is short rows
             slot_lo = 0
