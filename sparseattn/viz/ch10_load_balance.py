@@ -97,17 +97,21 @@ def _count_range(r: BAL.BalanceReport) -> list:
 def histogram_figure(name: str, split="auto") -> go.Figure:
     """Tiles per program for a suite case: the plain grid against the split plan, on a log count axis."""
     r = case_report(name, split)
+    return _work_histogram(r, 430, f"{name}, N = {_n_heads(name)[0]}, {r.heads} heads: work per program<br><sup>"
+                                   f"makespan {r.makespan_plain:.0f} -> {r.makespan_split:.0f} tile steps, ideal "
+                                   f"{r.ideal:.0f} ({SMS} SMs); computed from the block table</sup>")
+
+
+def _work_histogram(r: BAL.BalanceReport, height: int, title: str) -> go.Figure:
+    """Tiles per program of a report, plain grid and split plan overlaid as bars on a log count axis."""
     fig = go.Figure()
     for hist, impl, label in ((r.hist_plain, Impl.OURS, "one program per row"),
                               (r.hist_split, Impl.OURS_SPLIT, f"split, chunk {r.chunk}")):
         xs = sorted(hist)
         fig.add_trace(go.Bar(x=xs, y=[hist[x] for x in xs], name=label, marker_color=COLORS[impl], opacity=0.7))
-    fig.update_layout(barmode="overlay", height=430, title_font_size=14, legend=dict(orientation="h", y=-0.25),
+    fig.update_layout(barmode="overlay", height=height, title_font_size=14, legend=dict(orientation="h", y=-0.25),
                       yaxis=dict(type="log", range=_count_range(r), title="programs (count)"),
-                      xaxis_title="listed tiles walked by one program",
-                      title=(f"{name}, N = {_n_heads(name)[0]}, {r.heads} heads: work per program<br><sup>"
-                             f"makespan {r.makespan_plain:.0f} -> {r.makespan_split:.0f} tile steps, ideal "
-                             f"{r.ideal:.0f} ({SMS} SMs); computed from the block table</sup>"))
+                      xaxis_title="listed tiles walked by one program", title=title)
     return fig
 
 
@@ -140,20 +144,11 @@ def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figu
     layout = docs_layout(sigma)
     ms, over = tile_ms()
     r = BAL.report(layout, 1, heads, block_m=128, split=chunk, sms=SMS, program_overhead=over, head_dim=D)
-    fig = go.Figure()
-    for hist, impl, label in ((r.hist_plain, Impl.OURS, "one program per row"),
-                              (r.hist_split, Impl.OURS_SPLIT, f"split, chunk {r.chunk}")):
-        xs = sorted(hist)
-        fig.add_trace(go.Bar(x=xs, y=[hist[x] for x in xs], name=label, marker_color=COLORS[impl], opacity=0.7))
     lens = BB.doc_lengths(32768, seed=1, median=1024, sigma=sigma)
-    fig.update_layout(
-        barmode="overlay", height=450, title_font_size=14, legend=dict(orientation="h", y=-0.25),
-        yaxis=dict(type="log", range=_count_range(r), title="programs (count)"),
-        xaxis_title="listed tiles walked by one program",
-        title=(f"{len(lens)} documents (longest {int(lens.max())} tokens), {heads} head(s), chunk {chunk!r}<br><sup>"
-               f"predicted: plain {r.makespan_plain * ms:.3f} ms, split {r.makespan_split * ms:.3f} ms, ideal "
-               f"{r.ideal * ms:.3f} ms (roofline tile time, {SMS} SMs)</sup>"))
-    return fig
+    return _work_histogram(
+        r, 450, f"{len(lens)} documents (longest {int(lens.max())} tokens), {heads} head(s), chunk {chunk!r}<br><sup>"
+                f"predicted: plain {r.makespan_plain * ms:.3f} ms, split {r.makespan_split * ms:.3f} ms, ideal "
+                f"{r.ideal * ms:.3f} ms (roofline tile time, {SMS} SMs)</sup>")
 
 
 def recorded_table(bf: BenchFile) -> Table:
