@@ -404,3 +404,24 @@ def test_bwd_config_tiles_larger_than_the_layouts_are_refused(cfg):
     q, k, v = (rand(1, 1, 64, 16).requires_grad_() for _ in range(3))
     with pytest.raises(ValueError, match="bwd_config: kernel tiles"):
         sa.sparse_attention(q, k, v, layout, bwd_config=BwdConfig(**cfg, num_warps=4, num_stages=1))
+
+
+def test_fast_launch_key_separates_what_triton_specialises_on():
+    """The cached launch path's key (sparseattn/ops/_fast_launch.py) keeps apart what would pick a different
+    compiled variant: pointer alignment, dtype, bool vs int, exact int values; the interpreter never uses it."""
+    from sparseattn.ops import _fast_launch as F
+    x = torch.zeros(16)
+    assert F._arg_key(x) != F._arg_key(x[1:])  # 4 bytes off a 16-byte boundary
+    assert F._arg_key(x) != F._arg_key(x.half())
+    assert F._arg_key(True) != F._arg_key(1) and F._arg_key(16) != F._arg_key(17)
+    assert F._arg_key(None) is None
+    assert not F._hooks_set()  # Triton's empty hook chains do not turn the cache off
+    with pytest.raises(F._Uncacheable):
+        F._arg_key(object())
+    import sparseattn as sa
+    from sparseattn import BlockLayout, patterns as P
+    layout = BlockLayout.from_mask_mod(P.causal(), 128, 128, 64, 64)
+    q = torch.randn(1, 1, 128, 16)
+    before = dict(F.stats)
+    sa.sparse_attention(q, q, q, layout)
+    assert F.stats == before  # interpreted launches never reach the cache

@@ -14,7 +14,9 @@ cuDNN on the pattern's causal envelope) this suite records:
   synchronises with the host (``torch.cuda.set_sync_debug_mode("error")``; catches torch's syncs, such
   as ``.item()`` and ``nonzero``, not a driver call made by Triton).
 
-For our op at one length it also records a ``cProfile`` of ``n`` calls: the functions with the most own
+For our op it also records ``host_us_triton_binding``: the same host measurement with the cached launch path
+off (:mod:`sparseattn.ops._fast_launch`), so every launch goes through Triton's own argument binding.
+At one length it also records a ``cProfile`` of ``n`` calls: the functions with the most own
 time, in microseconds per call (``profile`` in the row), so the host path can be cut where it is spent.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from ..ops import sparse_attention
+from ..ops import _fast_launch, sparse_attention
 from . import _common as C
 from .cases import dense_pattern_of, prefill_layout
 from .record import Impl, Pass, Record
@@ -38,8 +40,8 @@ PATTERNS = ["window1024", "sinks64+window1024", "causal", "random10%+diag"]
 PROFILE_N = 2048  # the length whose host path is profiled function by function
 HOST_CALLS = 200  # calls per host-time measurement
 PROFILE_TOP = 15
-COLUMNS = ["pattern", "N", "pass", "ours_ms", "ours_dev_ms", "ours_host_us", "ours_launches", "flex_ms",
-           "flex_host_us", "cudnn_ms", "cudnn_host_us", "flex/ours"]
+COLUMNS = ["pattern", "N", "pass", "ours_ms", "ours_dev_ms", "ours_host_us", "bound_host_us", "ours_launches",
+           "flex_ms", "flex_host_us", "cudnn_ms", "cudnn_host_us", "flex/ours"]
 
 
 def host_us(fn: Callable, device, calls: Optional[int] = None) -> float:
@@ -118,11 +120,27 @@ def host_profile(fn: Callable, device, calls: Optional[int] = None, top: int = P
 def _measure(fn: Callable, device) -> dict:
     """Every number of one (implementation, case): ms, device_ms, host_us, launches, host_syncs."""
     ms = C.time_gpu(fn)
-    graph = C.graph_step(fn)
-    out = {"ms": ms, "device_ms": C.time_gpu(graph.replay), "host_us": host_us(fn, device),
+    out = {"ms": ms, "device_ms": _graph_ms(fn), "host_us": host_us(fn, device),
            "launches": kernel_launches(fn, device), "host_syncs": host_syncs(fn, device)}
-    del graph
     return out
+
+
+def _graph_ms(fn: Callable, tries: int = 2) -> Optional[float]:
+    """Device milliseconds of ``fn`` replayed from one CUDA graph. A capture can be invalidated once by a
+    lazy first-use initialisation inside the autograd engine (seen on the first backward captured in a
+    process); it is captured again, and after ``tries`` failures the row keeps ``device_ms = None`` with a
+    note rather than losing its eager numbers."""
+    for attempt in range(tries):
+        try:
+            graph = C.graph_step(fn)
+        except RuntimeError as e:
+            torch.cuda.synchronize()
+            C.note(f"graph capture {attempt + 1}/{tries} failed: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        ms = C.time_gpu(graph.replay)
+        del graph
+        return ms
+    return None
 
 
 def _fwd_bwd(make: Callable, q, k, v, do):
@@ -171,10 +189,13 @@ def run(args) -> tuple:
                         extra = {k_: v_ for k_, v_ in m.items() if k_ != "ms"}
                         if impl == Impl.CUDNN:
                             extra["envelope"] = envelope
+                        if impl == Impl.OURS:  # the same call with Triton binding every launch (no cache)
+                            with _fast_launch.enabled(False):
+                                extra["host_us_triton_binding"] = host_us(fn, dev)
                         if impl == Impl.OURS and N == PROFILE_N:
                             extra["profile"] = host_profile(fn, dev)
                         records.append(Record(case, impl, pass_, m["ms"], extra))
-                        got[impl] = m
+                        got[impl] = {**m, **extra}
                     _table_row(row, got)
                     table.append(row)
                 bar.update()
@@ -188,7 +209,9 @@ def _table_row(row: dict, got: dict) -> None:
         row[f"{names[impl]}_ms"] = round(m["ms"], 4)
         row[f"{names[impl]}_host_us"] = round(m["host_us"], 1)
     if Impl.OURS in got:
-        row["ours_dev_ms"] = round(got[Impl.OURS]["device_ms"], 4)
+        dev_ms = got[Impl.OURS]["device_ms"]
+        row["ours_dev_ms"] = None if dev_ms is None else round(dev_ms, 4)
         row["ours_launches"] = got[Impl.OURS]["launches"]
+        row["bound_host_us"] = round(got[Impl.OURS]["host_us_triton_binding"], 1)
     if Impl.OURS in got and Impl.FLEX in got:
         row["flex/ours"] = round(got[Impl.FLEX]["ms"] / got[Impl.OURS]["ms"], 2)

@@ -325,3 +325,58 @@ def dq_reduce_kernel(WS_DQ, MERGE, N_MERGE, DQ, stride_dqb, stride_dqh, stride_d
     dq_base = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
     tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], (acc * scale).to(DQ.dtype.element_ty),
              mask=(offs_m < Lq)[:, None])
+
+
+@triton.jit
+def delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom, Hq, Lq,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``Δ = rowsum(dO ∘ O)`` in float32 (the backward's preprocess): one program per (query rows, batch *
+    query head); ``DELTA`` is a contiguous ``[B, Hq, Lq]``. One launch instead of the four eager ops (two
+    casts, a product, a sum) it replaces."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hq
+    hq = bh % Hq
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    m_ok = (offs_m < Lq)[:, None]
+    p_o = O + b.to(tl.int64) * stride_ob + hq.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+    p_do = DO + b.to(tl.int64) * stride_dob + hq.to(tl.int64) * stride_doh + offs_m[:, None] * stride_dom \
+        + offs_d[None, :]
+    b_o = tl.load(p_o, mask=m_ok, other=0.0).to(tl.float32)  # [BM, D]
+    b_do = tl.load(p_do, mask=m_ok, other=0.0).to(tl.float32)  # [BM, D]
+    tl.store(DELTA + bh.to(tl.int64) * Lq + offs_m, tl.sum(b_o * b_do, axis=1), mask=offs_m < Lq)
+
+
+@triton.jit
+def column_reduce_kernel(WS_K, WS_V, REDUCE, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh,
+                         stride_dvn, Hkv, Lk, ws_cap, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    """dK and dV of the key sub-tiles whose column the dK/dV pass cut into chunks: one program per (split
+    sub-tile, batch * KV head, slice of the head dim) adds the chunks' partials (``REDUCE[e] = (sub-tile,
+    first workspace slot, chunks)``; a sub-tile's slots are consecutive) in chunk order -- fixed order, no
+    atomics, bitwise repeatable. The partials already carry the scale, so the sum is the gradient."""
+    e = tl.program_id(0)
+    bh = tl.program_id(1)
+    dblk = tl.program_id(2)
+    sub = tl.load(REDUCE + e * 3)
+    first = tl.load(REDUCE + e * 3 + 1)
+    n_chunks = tl.load(REDUCE + e * 3 + 2)
+    offs_r = tl.arange(0, BLOCK_N)  # [BN] rows of the sub-tile
+    offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)  # [BD]
+    acc_k = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    acc_v = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for j in range(0, n_chunks):
+        p_ws = ((bh.to(tl.int64) * ws_cap + first + j) * BLOCK_N + offs_r)[:, None] * HEAD_DIM + offs_d[None, :]
+        acc_k += tl.load(WS_K + p_ws)  # [BN, BD]
+        acc_v += tl.load(WS_V + p_ws)  # [BN, BD]
+    offs_n = sub * BLOCK_N + offs_r
+    n_ok = (offs_n < Lk)[:, None]
+    b = bh // Hkv
+    hk = bh % Hkv
+    p_dk = DK + b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh + offs_n[:, None] * stride_dkn \
+        + offs_d[None, :]
+    p_dv = DV + b.to(tl.int64) * stride_dvb + hk.to(tl.int64) * stride_dvh + offs_n[:, None] * stride_dvn \
+        + offs_d[None, :]
+    tl.store(p_dk, acc_k.to(DK.dtype.element_ty), mask=n_ok)
+    tl.store(p_dv, acc_v.to(DV.dtype.element_ty), mask=n_ok)

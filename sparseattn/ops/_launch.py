@@ -10,6 +10,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .. import _runtime, maskc
+from . import _fast_launch
 from ..layout import BlockLayout
 from ..predicates import Predicate, kernel_predicate
 
@@ -80,6 +81,12 @@ def forced_mask_path(kind: Optional[str]):
         yield
     finally:
         _FORCED = before
+
+
+def forced_kind() -> Optional[str]:
+    """The mask path forced by the enclosing :func:`forced_mask_path` block (None: the default choice);
+    part of every cached launch plan's key."""
+    return _FORCED
 
 
 def _compiled(layout: BlockLayout) -> Optional[maskc.CompiledMask]:
@@ -216,8 +223,18 @@ def with_smaller_tiles(run, cfg, fallbacks):
 
 def launch(kernel, grid, *, num_stages: int, **kwargs):
     """``kernel[grid](**kwargs)``; if the tile config needs more shared memory than the GPU has (the bit-mask
-    path adds a buffer), retry with fewer pipeline stages."""
+    path adds a buffer), retry with fewer pipeline stages. On the GPU, a call whose arguments specialise as
+    an earlier call's did skips Triton's argument binding (:mod:`._fast_launch`); the variant that launched
+    (after any retry) is the one kept for the key of the stages asked for."""
+    if _runtime.is_interpreter():
+        return _launch_retrying(kernel, grid, num_stages, kwargs)
+    kwargs["num_stages"] = num_stages
+    return _fast_launch.launch(kernel, grid, kwargs, lambda: _launch_retrying(kernel, grid, num_stages, kwargs))
+
+
+def _launch_retrying(kernel, grid, num_stages: int, kwargs: dict):
     import triton
+    kwargs = {k: v for k, v in kwargs.items() if k != "num_stages"}
     while True:
         try:
             return kernel[grid](num_stages=num_stages, **kwargs)

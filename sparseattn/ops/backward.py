@@ -19,11 +19,8 @@ class ColumnWork(NamedTuple):
     """The dK/dV launch plan: one work item per (key sub-tile, chunk of its column)."""
     work: torch.Tensor  # int32 [items, 3]: key sub-tile, chunk index, workspace slot (-1: write directly)
     n_ws: int  # workspace slots (items of split columns)
-    split_subs: torch.Tensor  # key sub-tiles whose column was split
-    slots: torch.Tensor  # [len(split_subs), max chunks]: their workspace slots, padded with n_ws (a zero slot)
+    reduce: torch.Tensor  # int32 [split sub-tiles, 3]: sub-tile, first workspace slot, chunks (consecutive slots)
     chunk: int  # listed query tiles per chunk
-    split_rows: torch.Tensor  # key rows (< Lk) of the split sub-tiles, where their reduced dK/dV go
-    split_pos: torch.Tensor  # each such row's position among the split sub-tiles' rows
 
 
 def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) -> ColumnWork:
@@ -58,18 +55,10 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) 
         order = torch.argsort(work_len, descending=True, stable=True)
         work = torch.stack([item_sub, item_c, ws_slot], 1)[order].to(torch.int32).contiguous()
         n_ws = int(split.sum())
-        # reduction plan: for each split sub-tile, its workspace slots (padded with the zero slot n_ws)
+        # reduction plan: each split sub-tile, its first workspace slot (its slots are consecutive), its chunks
         split_subs = torch.nonzero(per_sub > 1).flatten()
-        cmax = int(per_sub.max()) if n_sub else 1
-        slots = torch.full((split_subs.numel(), cmax), n_ws, dtype=torch.long, device=dev)
-        if split_subs.numel():
-            first = ws_slot[starts[split_subs]]  # slots of one sub-tile are consecutive
-            ar = torch.arange(cmax, device=dev)
-            valid = ar[None, :] < per_sub[split_subs][:, None]
-            slots = torch.where(valid, first[:, None] + ar[None, :], slots)
-        rows = (split_subs[:, None] * block_n + torch.arange(block_n, device=dev)[None, :]).flatten()
-        split_pos = torch.nonzero(rows < layout.kv_len).flatten()
-        return ColumnWork(work, n_ws, split_subs, slots, size, rows[split_pos], split_pos)
+        reduce = torch.stack([split_subs, ws_slot[starts[split_subs]], per_sub[split_subs]], 1)
+        return ColumnWork(work, n_ws, reduce.to(torch.int32).contiguous(), size)
     return layout.plan(("column_work", block_n, chunk), build)
 
 
@@ -84,9 +73,7 @@ def dynamic_column_work(layout: BlockLayout, block_n: int) -> ColumnWork:
     n_sub = math.ceil(layout.kv_len / block_n)
     order = torch.argsort(totals.repeat_interleave(sub)[:n_sub], descending=True, stable=True)
     work = torch.stack([order, torch.zeros_like(order), torch.full_like(order, -1)], 1).to(torch.int32)
-    none = torch.zeros(0, dtype=torch.long, device=dev)
-    return ColumnWork(work.contiguous(), 0, none, torch.zeros(0, 1, dtype=torch.long, device=dev), layout.nq,
-                      none, none)
+    return ColumnWork(work.contiguous(), 0, torch.zeros(0, 3, dtype=torch.int32, device=dev), layout.nq)
 
 
 class DqSplit(NamedTuple):
@@ -120,55 +107,79 @@ def backward(do, q, k, v, o, lse, layout: BlockLayout, scale: float, determinist
 
 def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deterministic: bool, cfg: BwdConfig):
     from ..kernels import prefill_bwd
-    B, Hq, Lq, D = q.shape
-    Hkv, Lk = k.shape[1], k.shape[2]
     q, k, v, do = (L.last_dim_contiguous(t) for t in (q, k, v, do))
-    delta = (do.float() * o.float()).sum(-1).contiguous()  # [B, Hq, Lq]: rowsum(dO * O)
-    masks = L.mask_kwargs(layout, B)
-    heads = L.head_kwargs(layout, Hq, Hkv)
-    t = layout.transposed_lists()
-    plan = column_work(layout, cfg.block_n, cfg.chunk)
+    B, Hq, Lq, D = q.shape
+    Hkv = k.shape[1]
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    dq = torch.empty_like(q) if deterministic else None
+    # everything but the per-call tensors, built once per (layout, shapes, strides, config, scale): at
+    # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
+    key = ("bwd_args", cfg, deterministic, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(), k.stride(),
+           v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(), None if dq is None else dq.stride(), scale)
+    st = _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg) if layout.dynamic else \
+        layout.plan(key, lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg))
+    plan = st["plan"]
+    delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)  # rowsum(dO * O)
+    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], O=o, DO=do, DELTA=delta, **st["delta"], num_warps=4,
+             num_stages=1)
     ws_k = torch.empty(B * Hkv, max(plan.n_ws, 1), cfg.block_n, D, device=q.device, dtype=torch.float32)
     ws_v = torch.empty_like(ws_k)
     dq_acc = None if deterministic else torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32)
-    common = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, **L.strides("q", q, "m"), **L.strides("k", k, "n"),
-                  **L.strides("v", v, "n"), **L.strides("do", do, "m"), **masks, Hq=Hq, group=heads["group"],
+    tensors = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta)
+    L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], DK=dk, DV=dv, DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v,
+             **L.strides("dq", dq_acc, "m"), **tensors, **st["dkdv"])
+    if plan.reduce.shape[0]:  # fixed-order sum of the chunks of split columns (no host sync)
+        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], WS_K=ws_k, WS_V=ws_v, REDUCE=plan.reduce,
+                 DK=dk, DV=dv, ws_cap=ws_k.shape[1], **st["reduce"])
+    if not deterministic:
+        return (dq_acc * scale).to(q.dtype), dk, dv
+    split = None if cfg.dq_split is None else dq_split_launch(layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D,
+                                                               q.device)
+    tasks = dict(TASKS=None, N_TASKS=None, WS_DQ=None, ws_cap=0) if split is None else dict(
+        TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
+    grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
+    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **tasks, DQ=dq, **tensors, **st["dq"])
+    if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
+        block_d = min(D, 64)
+        L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
+                 WS_DQ=split.ws, MERGE=split.plan.merge, N_MERGE=split.plan.n_merge, DQ=dq,
+                 **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
+                 HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
+    return dq, dk, dv
+
+
+def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float, deterministic: bool,
+                   cfg: BwdConfig) -> dict:
+    """The backward kernels' arguments that do not change between calls on the same layout, shapes, strides,
+    config and scale, their grids, and the dK/dV work plan."""
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    heads = L.head_kwargs(layout, Hq, Hkv)
+    t = layout.transposed_lists()
+    plan = column_work(layout, cfg.block_n, cfg.chunk)
+    common = dict(**L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"),
+                  **L.strides("do", do, "m"), **L.mask_kwargs(layout, B), Hq=Hq, group=heads["group"],
                   LB=layout.B, LH=layout.H, lh_div=heads["lh_div"], n_qtiles=layout.nq, W=layout.width,
                   Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale=scale, scale_log2=scale * LOG2E,
-                  HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k)
-    L.launch(prefill_bwd.dkdv_kernel, (plan.work.shape[0], B * Hkv),
-             DK=dk, DV=dv, DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **L.strides("dk", dk, "n"),
-             **L.strides("dv", dv, "n"), **L.strides("dq", dq_acc, "m"),
-             Q_COUNT=t.q_count, Q_INDEX=t.q_index, Q_SLOT=t.q_slot, FULL_Q_COUNT=t.full_q_count,
-             FULL_Q_INDEX=t.full_q_index, WORK=plan.work, Hkv=Hkv, n_ktiles=layout.nk, WT=t.q_index.shape[-1],
-             FWT=t.full_q_index.shape[-1], chunk=plan.chunk, n_ws=max(plan.n_ws, 1), **common,
-             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if plan.split_subs.numel():  # fixed-order sum of the chunks of split columns (no host sync)
-        for ws, grad in ((ws_k, dk), (ws_v, dv)):
-            padded = torch.cat([ws, ws.new_zeros(B * Hkv, 1, cfg.block_n, D)], 1)  # slot n_ws reads zeros
-            summed = padded[:, plan.slots].sum(dim=2)  # [B*Hkv, n_split, BN, D], fixed order
-            summed = summed.view(B, Hkv, -1, D)[:, :, plan.split_pos]
-            grad[:, :, plan.split_rows] = summed.to(grad.dtype)
-    if deterministic:
-        dq = torch.empty_like(q)
-        split = None if cfg.dq_split is None else dq_split_launch(layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D,
-                                                                   q.device)
-        tasks = dict(TASKS=None, N_TASKS=None, WS_DQ=None, ws_cap=0) if split is None else dict(
-            TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
-        grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
-        L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **tasks,
-                 DQ=dq, **L.strides("dq", dq, "m"), KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index,
-                 FULL_COUNT=layout.full_count, FULL_INDEX=layout.full_index, FW=layout.full_width, **common,
-                 BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, num_warps=cfg.num_warps,
-                 num_stages=cfg.num_stages)
-        if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
-            block_d = min(D, 64)
-            L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
-                     WS_DQ=split.ws, MERGE=split.plan.merge, N_MERGE=split.plan.n_merge, DQ=dq,
-                     **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
-                     HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
-    else:
-        dq = (dq_acc * scale).to(q.dtype)
-    return dq, dk, dv
+                  HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    dkdv = dict(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"),
+                Q_COUNT=t.q_count, Q_INDEX=t.q_index, Q_SLOT=t.q_slot, FULL_Q_COUNT=t.full_q_count,
+                FULL_Q_INDEX=t.full_q_index, WORK=plan.work, Hkv=Hkv, n_ktiles=layout.nk, WT=t.q_index.shape[-1],
+                FWT=t.full_q_index.shape[-1], chunk=plan.chunk, n_ws=max(plan.n_ws, 1), **common,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    block_d = min(D, 64)
+    reduce = dict(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"), Hkv=Hkv, Lk=Lk, HEAD_DIM=D,
+                  BLOCK_N=cfg.block_n, BLOCK_D=block_d, num_warps=4, num_stages=1)
+    dq_kw = None if dq is None else dict(
+        **L.strides("dq", dq, "m"), KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index,
+        FULL_COUNT=layout.full_count, FULL_INDEX=layout.full_index, FW=layout.full_width, **common,
+        BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n)
+    delta_m = 64
+    return dict(plan=plan, dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
+                reduce=reduce, reduce_grid=(plan.reduce.shape[0], B * Hkv, D // block_d),
+                delta=dict(**{f"stride_o{n}": o.stride(i) for i, n in enumerate("bhm")},
+                           **{f"stride_do{n}": do.stride(i) for i, n in enumerate("bhm")},
+                           Hq=Hq, Lq=Lq, HEAD_DIM=D, BLOCK_M=delta_m),
+                delta_grid=(math.ceil(Lq / delta_m), B * Hq))

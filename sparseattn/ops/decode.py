@@ -86,8 +86,9 @@ def sparse_decode(q: torch.Tensor, cache: PagedKVCache, pages: Optional[PageSele
     lse_part = torch.empty(B, Hq, n_splits, device=q.device, dtype=torch.float32)
     kp, vp = cache.k_pages, cache.v_pages
     grid = (Hkv, n_splits, B) if cfg.head_fastest else (n_splits, Hkv, B)
-    decode.decode_split_kernel[grid](
-        Q=q, K_PAGES=kp, V_PAGES=vp, PAGE_TABLE=cache.page_table, SEQ_LENS=cache.seq_lens, SEQS=seqs_t,
+    L.launch(
+        decode.decode_split_kernel, grid, Q=q, K_PAGES=kp, V_PAGES=vp, PAGE_TABLE=cache.page_table,
+        SEQ_LENS=cache.seq_lens, SEQS=seqs_t,
         SEL_INDEX=pages.index if pages is not None else None, SEL_COUNT=pages.count if pages is not None else None,
         O_PART=o_part, LSE_PART=lse_part, stride_qb=q.stride(0), stride_qh=q.stride(1),
         stride_kp=kp.stride(0), stride_kr=kp.stride(1), stride_kh=kp.stride(2),
@@ -99,7 +100,8 @@ def sparse_decode(q: torch.Tensor, cache: PagedKVCache, pages: Optional[PageSele
     o = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32)
     block_d = min(D, 32)
-    decode.merge_splits_kernel[(B * Hq, D // block_d)](
-        O_PART=o_part, LSE_PART=lse_part, O=o, LSE=lse, stride_ob=o.stride(0), stride_oh=o.stride(1), Hq=Hq,
-        n_splits=n_splits, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(64, max(2, 1 << (n_splits - 1).bit_length())))
+    L.launch(  # Triton's default warps and stages, as before the cached launch path
+        decode.merge_splits_kernel, (B * Hq, D // block_d), O_PART=o_part, LSE_PART=lse_part, O=o, LSE=lse,
+        stride_ob=o.stride(0), stride_oh=o.stride(1), Hq=Hq, n_splits=n_splits, HEAD_DIM=D, BLOCK_D=block_d,
+        BLOCK_S=min(64, max(2, 1 << (n_splits - 1).bit_length())), num_warps=4, num_stages=3)
     return (o, lse) if return_lse else o

@@ -28,27 +28,24 @@ def forward(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Tens
     return L.with_smaller_tiles(lambda c: _forward_with(q, k, v, layout, scale, out, c), cfg, fallbacks)
 
 
-def _use_tma(cfg: FwdConfig, q, k, v) -> bool:
-    if cfg.tma is False:
-        return False
-    capable = _runtime.is_interpreter() or torch.cuda.get_device_capability(q.device)[0] >= 9
-    return capable and L.tma_ok(q, k, v)
-
-
 def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torch.Tensor], cfg: FwdConfig):
     from ..kernels import prefill_fwd
-    B, Hq, Lq, D = q.shape
-    Hkv, Lk = k.shape[1], k.shape[2]
     q, k, v = (L.last_dim_contiguous(t) for t in (q, k, v))
     if layout.block_q % cfg.block_m or layout.block_k % cfg.block_n:
         raise ValueError(f"config: kernel tiles {cfg.block_m}x{cfg.block_n} must divide the layout's "
                          f"{layout.block_q}x{layout.block_k}")
+    B, Hq, Lq, D = q.shape
     o = out if out is not None else torch.empty_like(q)
     lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    order = L.row_order(layout, cfg.block_m)
+    # everything but the per-call tensors, built once per (layout, shapes, strides, config, scale): at
+    # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
+    key = ("fwd_args", cfg, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
+           o.stride(), scale)
+    static = _static_kwargs(q, k, v, o, layout, scale, cfg) if layout.dynamic else \
+        layout.plan(key, lambda: _static_kwargs(q, k, v, o, layout, scale, cfg))
     split = S.prepare(layout, cfg.block_m, cfg.split, B, Hq, D, q.device) if cfg.split is not None else None
     desc_q = desc_k = desc_v = None
-    if _use_tma(cfg, q, k, v):
+    if static["tma"] and L.tma_ok(q, k, v):
         from triton.tools.tensor_descriptor import TensorDescriptor
         desc_q = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, cfg.block_m, D])
         desc_k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.block_n, D])
@@ -56,18 +53,31 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
     persistent = split is not None and cfg.persistent
     L.launch(
         prefill_fwd.sparse_fwd_kernel,
-        S.grid(split, persistent, L.num_sms(q.device)) if split is not None else (order.numel(), B * Hq),
-        Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v,
-        **L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"), **L.strides("o", o, "m"),
-        KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index, FULL_COUNT=layout.full_count,
-        FULL_INDEX=layout.full_index, ROW_ORDER=order, **L.mask_kwargs(layout, B),
+        S.grid(split, persistent, L.num_sms(q.device)) if split is not None else static["grid"],
+        Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, **static["kwargs"],
         **(S.kernel_kwargs(split, persistent) if split is not None else S.PLAIN),
-        Hq=Hq, **L.head_kwargs(layout, Hq, Hkv), n_qtiles=layout.nq, W=layout.width, FW=layout.full_width,
-        Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale_log2=scale * LOG2E,
-        HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         WARP_SPEC=cfg.warp_specialize and not persistent and not _runtime.is_interpreter(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split is not None:
         S.merge(split, o, lse, cfg.block_m)
     return o, lse
+
+
+def _static_kwargs(q, k, v, o, layout: BlockLayout, scale: float, cfg: FwdConfig) -> dict:
+    """The forward kernel's arguments that do not change between calls on the same layout, shapes, strides,
+    config and scale (strides, tables, mask and head arguments, sizes), the plain grid, and whether this GPU
+    can take tensor descriptors (each call still checks its tensors' alignment)."""
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    order = L.row_order(layout, cfg.block_m)
+    kwargs = dict(
+        **L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"), **L.strides("o", o, "m"),
+        KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index, FULL_COUNT=layout.full_count,
+        FULL_INDEX=layout.full_index, ROW_ORDER=order, **L.mask_kwargs(layout, B),
+        Hq=Hq, **L.head_kwargs(layout, Hq, Hkv), n_qtiles=layout.nq, W=layout.width, FW=layout.full_width,
+        Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale_log2=scale * LOG2E,
+        HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    tma = cfg.tma is not False and (_runtime.is_interpreter() or
+                                    torch.cuda.get_device_capability(q.device)[0] >= 9)
+    return dict(kwargs=kwargs, grid=(order.numel(), B * Hq), tma=tma)

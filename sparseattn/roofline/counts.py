@@ -20,8 +20,9 @@ What each count means (the tests check every one against a loop over the dense m
   rows once per batch x KV head for the key tiles some program visits, Q/O/LSE once, the tables once).
   Repeated reads of a K/V tile by the programs of one head are served by the L2 cache (50 MB on an H200),
   so ``requested / hbm`` is the reuse the L2 must supply.
-* **torch ops** — the eager work around the kernels (the backward's ``delta = rowsum(dO * O)``, the
-  fixed-order sum of split columns, atomic dQ's zero-fill and cast), counted as the bytes those ops move.
+* **helper ops** — the small launches around the main kernels (the backward's ``delta_kernel``,
+  Δ = rowsum(dO * O); ``column_reduce_kernel``, the fixed-order sum of split columns; atomic dQ's eager
+  zero-fill and cast), counted as the bytes they move.
 
 Nothing here launches a kernel: everything is computed from the layout's tables with torch on the layout's
 device (CPU is fine).
@@ -386,12 +387,9 @@ def _split_fwd_work(layout: BlockLayout, shape, config: FwdConfig, sms: int) -> 
 
 # ---- backward ------------------------------------------------------------------------------------------------
 def _delta_op(s: Shape, Lq: int) -> TorchOpWork:
-    """``(do.float() * o.float()).sum(-1)``: two casts (no-ops for fp32), a product, a row sum."""
+    """``delta_kernel``: Δ = rowsum(dO * O) in one launch (reads O and dO, writes a float32 per row)."""
     n = s.B * s.Hq * Lq * s.D
-    if s.elt == 4:
-        return TorchOpWork("delta", 2, {"delta": n * 12.0 + n * 4.0 + s.B * s.Hq * Lq * 4.0})
-    casts = 2 * n * (s.elt + 4.0)
-    return TorchOpWork("delta", 4, {"delta": casts + n * 12.0 + n * 4.0 + s.B * s.Hq * Lq * 4.0})
+    return TorchOpWork("delta", 1, {"delta": 2 * n * s.elt + s.B * s.Hq * Lq * 4.0})
 
 
 def _prefix_rows(count, index, rows_of_tile):
@@ -524,16 +522,13 @@ def _transposed_table_bytes(layout: BlockLayout) -> float:
 
 
 def _split_sum_op(s: Shape, plan, BN: int, Lk: int) -> TorchOpWork:
-    """The fixed-order sum of the chunks of split columns (cat with a zero slot, gather, sum, scatter back)."""
+    """``column_reduce_kernel``: the fixed-order sum of the chunks of split columns, one launch for dK and dV
+    (reads every chunk's float32 partials, writes the split sub-tiles' rows)."""
     bh = s.B * s.Hkv
-    ws = bh * plan.n_ws * BN * s.D * 4.0
-    n_split = int(plan.split_subs.numel())
-    cmax = int(plan.slots.shape[1]) if plan.slots.dim() == 2 else 1
-    gathered = bh * n_split * cmax * BN * s.D * 4.0
-    summed = bh * n_split * BN * s.D * 4.0
-    per = (ws + ws + bh * BN * s.D * 4.0) + 2 * gathered + (gathered + summed) + 2 * summed \
-        + (summed + summed / 4.0 * s.elt) + 2 * summed / 4.0 * s.elt
-    return TorchOpWork("split_sum", 2 * 7, {"split_sum": 2 * per})
+    chunks = float(plan.reduce[:, 2].sum()) if plan.reduce.numel() else 0.0
+    read = bh * chunks * BN * s.D * 4.0
+    written = bh * plan.reduce.shape[0] * BN * s.D * s.elt
+    return TorchOpWork("split_sum", 1, {"split_sum": 2 * (read + written)})
 
 
 # ---- decode --------------------------------------------------------------------------------------------------

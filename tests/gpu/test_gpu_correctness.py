@@ -52,7 +52,12 @@ def test_compiled_flex_means_the_same_mask(name):
     q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     ours = sa.sparse_attention(q, k, v, layout)
     flex = torch.compile(flex_attention, dynamic=False)
-    theirs = flex(q, k, v, block_mask=create_block_mask(mm, None, None, N, N, device="cuda", _compile=True))
+    # inductor cannot compile create_block_mask for "issue 11" (the hash's uint32 constant 2246822519 is out of
+    # int32 range in its generated kernel, torch 2.11); the eager build evaluates the same mask_mod, and Flex's
+    # compiled kernel still applies it to the partial blocks
+    build_compiled = name != "issue 11"
+    theirs = flex(q, k, v, block_mask=create_block_mask(mm, None, None, N, N, device="cuda",
+                                                        _compile=build_compiled))
     assert _rel(ours, theirs) < 2e-2, (name, _rel(ours, theirs))
     assert _rel(ours, flex(q, k, v, block_mask=layout.to_flex())) < 2e-2
 

@@ -160,6 +160,10 @@ def variants():
     for d in (64, 128):  # the split dQ pass's fixed-order sum of partial dQ
         yield prefill_bwd.dq_reduce_kernel, dict(WS_DQ=F32, MERGE=I32, N_MERGE=I32, DQ=BF16), ("scale",), \
             dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_D=64)
+    for d in (64, 128):  # the backward's Δ preprocess and the fixed-order sum of split dK/dV columns
+        yield prefill_bwd.delta_kernel, dict(O=BF16, DO=BF16, DELTA=F32), (), dict(HEAD_DIM=d, BLOCK_M=64)
+        yield prefill_bwd.column_reduce_kernel, dict(WS_K=F32, WS_V=F32, REDUCE=I32, DK=BF16, DV=BF16), (), \
+            dict(HEAD_DIM=d, BLOCK_N=64, BLOCK_D=64)
     yield select.page_bound_kernel, dict(Q=BF16, K_MIN=BF16, K_MAX=BF16, PAGE_TABLE=I32, SEQ_LENS=I32, SEQS=I32,
                                          BOUND=F32), (), dict(HEAD_DIM=128, PAGE_SIZE=16, BLOCK_G=16, BLOCK_P=64)
     for block_p in (512, 8192):

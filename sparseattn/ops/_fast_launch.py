@@ -1,0 +1,150 @@
+"""A cached launch path for our Triton kernels: skip Triton's per-call argument binding.
+
+``kernel[grid](**kwargs)`` costs tens of microseconds of host time before the driver is called: the
+``@triton.heuristics`` wrapper evaluates its flags, and Triton's binder specialises every argument (about 60
+for the prefill kernels) to find the compiled variant. At N <= 4k the kernels themselves run for 20-100 µs,
+so that host work decides the call's time (``python -m sparseattn.bench host`` measures it).
+
+This module does the binding once per *specialisation key* and keeps the compiled kernel: later calls with
+the same key hand the arguments straight to the compiled kernel's launcher, exactly as
+``JITFunction.run`` would. The key holds everything Triton specialises on and everything our heuristics
+read, so a hit can never pick a different variant than Triton would:
+
+* a tensor: its dtype and whether its address is 16-byte aligned (Triton's pointer specialisation);
+* a tensor descriptor: its dtype, alignment, shape, strides, block shape and padding;
+* ``None``, bools, ints, floats and strings: their exact values (Triton specialises ints on ``== 1``,
+  divisibility by 16 and int32 range; our heuristics read ``is None`` and values);
+* the launch options (``num_warps``, ``num_stages``, ...) and the current device.
+
+Anything else in the arguments, a launch hook set in ``triton.knobs`` (profilers use them), or the
+interpreter turns the cache off for that call. ``enabled(False)`` turns it off in a block (tests compare the
+two paths bitwise; the host suite measures both).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+
+import torch
+
+#: Off with ``SPARSEATTN_FAST_LAUNCH=0`` in the environment, or in a block with :func:`enabled`.
+_ENABLED = os.environ.get("SPARSEATTN_FAST_LAUNCH", "1") not in ("0", "")
+_MAX_ENTRIES = 4096  # bounded: every new sequence length is a new key
+_CACHE: Dict[tuple, "_Bound"] = {}
+#: Calls served from the cache and calls bound by Triton (tests read them).
+stats = {"hits": 0, "binds": 0}
+
+
+class _Bound(NamedTuple):
+    compiled: Any  # triton CompiledKernel
+    names: Tuple[str, ...]  # the jit function's parameters, in order
+    fixed: Dict[str, Any]  # values of parameters the caller does not pass: heuristic flags, defaults
+
+
+@contextlib.contextmanager
+def enabled(on: bool):
+    """Within the block the cached path is used (``True``) or never used (``False``)."""
+    global _ENABLED
+    before, _ENABLED = _ENABLED, bool(on)
+    try:
+        yield
+    finally:
+        _ENABLED = before
+
+
+def clear() -> None:
+    _CACHE.clear()
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _arg_key(v):
+    t = type(v)
+    if t is torch.Tensor or isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if v is None or t is int or t is float or t is str:
+        return v
+    if t is bool:
+        return ("bool", v)  # True == 1 as a dict key; keep them apart
+    if t.__name__ == "TensorDescriptor":
+        return ("desc", v.base.dtype, v.base.data_ptr() % 16 == 0, tuple(v.shape), tuple(v.strides),
+                tuple(v.block_shape), getattr(v, "padding", None))
+    raise _Uncacheable(t.__name__)
+
+
+def _hooks_set() -> bool:
+    """Whether a launch hook is registered (Triton 3.6 keeps them in ``HookChain`` objects, never None; an
+    empty chain means none). With one, Triton's own path runs, which builds the hooks' launch metadata."""
+    from triton import knobs
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+def _jit_fn(kernel):
+    """``(heuristics dict or None, JITFunction)`` of a kernel that is a JITFunction or one
+    ``@triton.heuristics`` around it; None when it is something else (an autotuner, say)."""
+    from triton.runtime.autotuner import Heuristics
+    from triton.runtime.jit import JITFunction
+    if isinstance(kernel, JITFunction):
+        return None, kernel
+    if isinstance(kernel, Heuristics) and isinstance(kernel.fn, JITFunction):
+        return kernel.values, kernel.fn
+    return None
+
+
+def launch(kernel, grid: tuple, kwargs: dict, slow: Callable[[], Any]):
+    """Launch ``kernel`` on ``grid`` with ``kwargs`` (launch options included); ``slow()`` is the ordinary
+    ``kernel[grid](**kwargs)`` call, used to bind and compile on a miss."""
+    if not _ENABLED or _hooks_set():
+        return slow()
+    device = torch.cuda.current_device()
+    try:
+        key = (id(kernel), device, tuple(kwargs), tuple(map(_arg_key, kwargs.values())))
+    except _Uncacheable:
+        return slow()
+    bound = _CACHE.get(key)
+    if bound is None:
+        compiled = slow()
+        bound = _bind(kernel, kwargs, compiled)
+        if bound is not None:
+            if len(_CACHE) >= _MAX_ENTRIES:
+                _CACHE.clear()
+            _CACHE[key] = bound
+        stats["binds"] += 1
+        return compiled
+    args = [kwargs[n] if n in kwargs else bound.fixed[n] for n in bound.names]
+    g0 = grid[0]
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    c = bound.compiled
+    stream = torch._C._cuda_getCurrentRawStream(device)  # what Triton's driver asks torch for
+    # no hook is registered (checked above): no launch metadata, and the launcher skips None hooks
+    c.run(g0, g1, g2, stream, c.function, c.packed_metadata, None, None, None, *args)
+    stats["hits"] += 1
+    return c
+
+
+def _bind(kernel, kwargs: dict, compiled) -> Optional[_Bound]:
+    """What a hit needs, from the first (Triton-bound) call: the parameter order and the values Triton
+    filled in itself (heuristic flags, defaults). None when the kernel is not one we can replay exactly."""
+    found = _jit_fn(kernel)
+    if found is None or compiled is None or not hasattr(compiled, "packed_metadata"):
+        return None
+    heuristics, fn = found
+    fixed = {}
+    if heuristics:
+        for name, heur in heuristics.items():
+            fixed[name] = heur(dict(kwargs))
+    for p in fn.params:
+        if p.name not in kwargs and p.name not in fixed:
+            if not p.has_default:
+                return None
+            fixed[p.name] = p.default
+    c = compiled.result() if hasattr(compiled, "result") else compiled
+    c.run  # noqa: B018 — loads the module and builds the launcher now, as the first launch did
+    return _Bound(c, tuple(p.name for p in fn.params), fixed)
