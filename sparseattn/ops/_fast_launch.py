@@ -23,6 +23,7 @@ two paths bitwise; the host suite measures both).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
@@ -38,8 +39,21 @@ stats = {"hits": 0, "binds": 0}
 
 class _Bound(NamedTuple):
     compiled: Any  # triton CompiledKernel
-    names: Tuple[str, ...]  # the jit function's parameters, in order
-    fixed: Dict[str, Any]  # values of parameters the caller does not pass: heuristic flags, defaults
+    template: list  # the kernel's arguments in parameter order, the per-call ones left as None
+    slots: Tuple[Tuple[int, str], ...]  # (position, name) of the per-call arguments
+
+
+class Static(dict):
+    """Launch arguments that stay the same from call to call (strides, tables, sizes, flags, options), built
+    once and kept (on a layout's plan cache). Its ``token`` is unique for the process, so the cache keys
+    these arguments by one integer instead of examining each of them at every call; a dict never changes
+    after it is made into a ``Static``."""
+
+    _tokens = itertools.count()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.token = next(Static._tokens)
 
 
 @contextlib.contextmanager
@@ -75,11 +89,17 @@ def _arg_key(v):
     raise _Uncacheable(t.__name__)
 
 
+_KNOBS = None
+
+
 def _hooks_set() -> bool:
     """Whether a launch hook is registered (Triton 3.6 keeps them in ``HookChain`` objects, never None; an
     empty chain means none). With one, Triton's own path runs, which builds the hooks' launch metadata."""
-    from triton import knobs
-    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+    global _KNOBS
+    if _KNOBS is None:
+        from triton import knobs
+        _KNOBS = knobs.runtime
+    for hook in (_KNOBS.launch_enter_hook, _KNOBS.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
             return True
     return False
@@ -97,27 +117,31 @@ def _jit_fn(kernel):
     return None
 
 
-def launch(kernel, grid: tuple, kwargs: dict, slow: Callable[[], Any]):
-    """Launch ``kernel`` on ``grid`` with ``kwargs`` (launch options included); ``slow()`` is the ordinary
-    ``kernel[grid](**kwargs)`` call, used to bind and compile on a miss."""
+def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Callable[[], Any]):
+    """Launch ``kernel`` on ``grid`` with the arguments of ``static`` (None: none) and ``kwargs`` (the
+    per-call ones; launch options may be in either); ``slow()`` is the ordinary ``kernel[grid](**all)``
+    call, used to bind and compile on a miss."""
     if not _ENABLED or _hooks_set():
         return slow()
     device = torch.cuda.current_device()
     try:
-        key = (id(kernel), device, tuple(kwargs), tuple(map(_arg_key, kwargs.values())))
+        key = (id(kernel), device, None if static is None else static.token, tuple(kwargs),
+               tuple(map(_arg_key, kwargs.values())))
     except _Uncacheable:
         return slow()
     bound = _CACHE.get(key)
     if bound is None:
         compiled = slow()
-        bound = _bind(kernel, kwargs, compiled)
+        bound = _bind(kernel, {**(static or {}), **kwargs}, kwargs, compiled)
         if bound is not None:
             if len(_CACHE) >= _MAX_ENTRIES:
                 _CACHE.clear()
             _CACHE[key] = bound
         stats["binds"] += 1
         return compiled
-    args = [kwargs[n] if n in kwargs else bound.fixed[n] for n in bound.names]
+    args = bound.template.copy()
+    for i, name in bound.slots:
+        args[i] = kwargs[name]
     g0 = grid[0]
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
@@ -129,22 +153,29 @@ def launch(kernel, grid: tuple, kwargs: dict, slow: Callable[[], Any]):
     return c
 
 
-def _bind(kernel, kwargs: dict, compiled) -> Optional[_Bound]:
-    """What a hit needs, from the first (Triton-bound) call: the parameter order and the values Triton
-    filled in itself (heuristic flags, defaults). None when the kernel is not one we can replay exactly."""
+def _bind(kernel, every: dict, per_call: dict, compiled) -> Optional[_Bound]:
+    """What a hit needs, from the first (Triton-bound) call with arguments ``every``: the arguments in
+    parameter order with the values Triton filled in itself (heuristic flags, defaults), and where the
+    per-call ones go. None when the kernel is not one we can replay exactly."""
     found = _jit_fn(kernel)
     if found is None or compiled is None or not hasattr(compiled, "packed_metadata"):
         return None
     heuristics, fn = found
-    fixed = {}
+    values = dict(every)
     if heuristics:
         for name, heur in heuristics.items():
-            fixed[name] = heur(dict(kwargs))
-    for p in fn.params:
-        if p.name not in kwargs and p.name not in fixed:
-            if not p.has_default:
-                return None
-            fixed[p.name] = p.default
+            values[name] = heur(dict(every))
+    template, slots = [], []
+    for i, p in enumerate(fn.params):
+        if p.name in per_call:
+            slots.append((i, p.name))
+            template.append(None)
+        elif p.name in values:
+            template.append(values[p.name])
+        elif p.has_default:
+            template.append(p.default)
+        else:
+            return None
     c = compiled.result() if hasattr(compiled, "result") else compiled
     c.run  # noqa: B018 — loads the module and builds the launcher now, as the first launch did
-    return _Bound(c, tuple(p.name for p in fn.params), fixed)
+    return _Bound(c, template, tuple(slots))

@@ -221,15 +221,20 @@ def with_smaller_tiles(run, cfg, fallbacks):
                 raise
 
 
-def launch(kernel, grid, *, num_stages: int, **kwargs):
-    """``kernel[grid](**kwargs)``; if the tile config needs more shared memory than the GPU has (the bit-mask
-    path adds a buffer), retry with fewer pipeline stages. On the GPU, a call whose arguments specialise as
-    an earlier call's did skips Triton's argument binding (:mod:`._fast_launch`); the variant that launched
-    (after any retry) is the one kept for the key of the stages asked for."""
+Static = _fast_launch.Static
+
+
+def launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **kwargs):
+    """``kernel[grid](**static, **kwargs)``; if the tile config needs more shared memory than the GPU has (the
+    bit-mask path adds a buffer), retry with fewer pipeline stages. On the GPU, a call whose arguments
+    specialise as an earlier call's did skips Triton's argument binding (:mod:`._fast_launch`; ``static``:
+    the arguments that never change for this launch, kept by the caller, keyed by one token); the variant
+    that launched (after any retry) is the one kept for the key of the stages asked for."""
     if _runtime.is_interpreter():
-        return _launch_retrying(kernel, grid, num_stages, kwargs)
+        return _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs})
     kwargs["num_stages"] = num_stages
-    return _fast_launch.launch(kernel, grid, kwargs, lambda: _launch_retrying(kernel, grid, num_stages, kwargs))
+    return _fast_launch.launch(kernel, grid, static, kwargs,
+                               lambda: _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs}))
 
 
 def _launch_retrying(kernel, grid, num_stages: int, kwargs: dict):

@@ -121,17 +121,17 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
         layout.plan(key, lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg))
     plan = st["plan"]
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)  # rowsum(dO * O)
-    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], O=o, DO=do, DELTA=delta, **st["delta"], num_warps=4,
+    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], **_fixed(st, "delta", layout), O=o, DO=do, DELTA=delta,
              num_stages=1)
     ws_k = torch.empty(B * Hkv, max(plan.n_ws, 1), cfg.block_n, D, device=q.device, dtype=torch.float32)
     ws_v = torch.empty_like(ws_k)
     dq_acc = None if deterministic else torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32)
     tensors = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta)
-    L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], DK=dk, DV=dv, DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v,
-             **L.strides("dq", dq_acc, "m"), **tensors, **st["dkdv"])
+    L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], **_fixed(st, "dkdv", layout), DK=dk, DV=dv,
+             DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors, num_stages=cfg.num_stages)
     if plan.reduce.shape[0]:  # fixed-order sum of the chunks of split columns (no host sync)
-        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], WS_K=ws_k, WS_V=ws_v, REDUCE=plan.reduce,
-                 DK=dk, DV=dv, ws_cap=ws_k.shape[1], **st["reduce"])
+        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], **_fixed(st, "reduce", layout),
+                 WS_K=ws_k, WS_V=ws_v, DK=dk, DV=dv, num_stages=1)
     if not deterministic:
         return (dq_acc * scale).to(q.dtype), dk, dv
     split = None if cfg.dq_split is None else dq_split_launch(layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D,
@@ -139,7 +139,8 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     tasks = dict(TASKS=None, N_TASKS=None, WS_DQ=None, ws_cap=0) if split is None else dict(
         TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
     grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
-    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **tasks, DQ=dq, **tensors, **st["dq"])
+    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **_fixed(st, "dq", layout), **tasks, DQ=dq, **tensors,
+             num_stages=cfg.num_stages)
     if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
         block_d = min(D, 64)
         L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
@@ -147,6 +148,12 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
                  **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
                  HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
     return dq, dk, dv
+
+
+def _fixed(st: dict, name: str, layout: BlockLayout) -> dict:
+    """Keyword arguments passing the kept arguments ``st[name]`` to :func:`L.launch`: as its ``static``, or,
+    for a dynamic layout (whose arguments are rebuilt every call), as per-call arguments."""
+    return dict(st[name]) if layout.dynamic else {"static": st[name]}
 
 
 def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float, deterministic: bool,
@@ -162,24 +169,27 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
                   **L.strides("do", do, "m"), **L.mask_kwargs(layout, B), Hq=Hq, group=heads["group"],
                   LB=layout.B, LH=layout.H, lh_div=heads["lh_div"], n_qtiles=layout.nq, W=layout.width,
                   Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale=scale, scale_log2=scale * LOG2E,
-                  HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
-    dkdv = dict(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"),
-                Q_COUNT=t.q_count, Q_INDEX=t.q_index, Q_SLOT=t.q_slot, FULL_Q_COUNT=t.full_q_count,
-                FULL_Q_INDEX=t.full_q_index, WORK=plan.work, Hkv=Hkv, n_ktiles=layout.nk, WT=t.q_index.shape[-1],
-                FWT=t.full_q_index.shape[-1], chunk=plan.chunk, n_ws=max(plan.n_ws, 1), **common,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+                  HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, num_warps=cfg.num_warps)
+    # the atomic path's float32 dQ accumulator is a contiguous [B, Hq, Lq, D] (no accumulator: strides 0)
+    acc = (0, 0, 0) if deterministic else (Hq * Lq * D, Lq * D, D)
+    dkdv = L.Static(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"),
+                    **{f"stride_dq{n}": acc[i] for i, n in enumerate("bhm")},
+                    Q_COUNT=t.q_count, Q_INDEX=t.q_index, Q_SLOT=t.q_slot, FULL_Q_COUNT=t.full_q_count,
+                    FULL_Q_INDEX=t.full_q_index, WORK=plan.work, Hkv=Hkv, n_ktiles=layout.nk,
+                    WT=t.q_index.shape[-1], FWT=t.full_q_index.shape[-1], chunk=plan.chunk, n_ws=max(plan.n_ws, 1),
+                    **common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     block_d = min(D, 64)
-    reduce = dict(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"), Hkv=Hkv, Lk=Lk, HEAD_DIM=D,
-                  BLOCK_N=cfg.block_n, BLOCK_D=block_d, num_warps=4, num_stages=1)
-    dq_kw = None if dq is None else dict(
+    reduce = L.Static(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"), REDUCE=plan.reduce,
+                      ws_cap=max(plan.n_ws, 1), Hkv=Hkv, Lk=Lk, HEAD_DIM=D, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
+                      num_warps=4)
+    dq_kw = None if dq is None else L.Static(
         **L.strides("dq", dq, "m"), KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index,
         FULL_COUNT=layout.full_count, FULL_INDEX=layout.full_index, FW=layout.full_width, **common,
         BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n)
     delta_m = 64
     return dict(plan=plan, dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
                 reduce=reduce, reduce_grid=(plan.reduce.shape[0], B * Hkv, D // block_d),
-                delta=dict(**{f"stride_o{n}": o.stride(i) for i, n in enumerate("bhm")},
-                           **{f"stride_do{n}": do.stride(i) for i, n in enumerate("bhm")},
-                           Hq=Hq, Lq=Lq, HEAD_DIM=D, BLOCK_M=delta_m),
+                delta=L.Static(**{f"stride_o{n}": o.stride(i) for i, n in enumerate("bhm")},
+                               **{f"stride_do{n}": do.stride(i) for i, n in enumerate("bhm")},
+                               Hq=Hq, Lq=Lq, HEAD_DIM=D, BLOCK_M=delta_m, num_warps=4),
                 delta_grid=(math.ceil(Lq / delta_m), B * Hq))

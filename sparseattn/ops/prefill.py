@@ -51,13 +51,13 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
         desc_k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.block_n, D])
         desc_v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.block_n, D])
     persistent = split is not None and cfg.persistent
+    fixed = static["kwargs"]  # a dynamic layout's are rebuilt every call: passed as per-call arguments
     L.launch(
         prefill_fwd.sparse_fwd_kernel,
         S.grid(split, persistent, L.num_sms(q.device)) if split is not None else static["grid"],
-        Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, **static["kwargs"],
-        **(S.kernel_kwargs(split, persistent) if split is not None else S.PLAIN),
-        WARP_SPEC=cfg.warp_specialize and not persistent and not _runtime.is_interpreter(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        static=None if layout.dynamic else fixed, **(fixed if layout.dynamic else {}),
+        Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v,
+        **(S.kernel_kwargs(split, persistent) if split is not None else {}), num_stages=cfg.num_stages,
     )
     if split is not None:
         S.merge(split, o, lse, cfg.block_m)
@@ -66,18 +66,23 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
 
 def _static_kwargs(q, k, v, o, layout: BlockLayout, scale: float, cfg: FwdConfig) -> dict:
     """The forward kernel's arguments that do not change between calls on the same layout, shapes, strides,
-    config and scale (strides, tables, mask and head arguments, sizes), the plain grid, and whether this GPU
-    can take tensor descriptors (each call still checks its tensors' alignment)."""
+    config and scale (strides, tables, mask and head arguments, sizes, flags, ``num_warps``; the plain grid's
+    split arguments), the plain grid, and whether this GPU can take tensor descriptors (each call still
+    checks its tensors' alignment)."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     order = L.row_order(layout, cfg.block_m)
-    kwargs = dict(
+    persistent = cfg.split is not None and cfg.persistent
+    kwargs = L.Static(
         **L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"), **L.strides("o", o, "m"),
         KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index, FULL_COUNT=layout.full_count,
         FULL_INDEX=layout.full_index, ROW_ORDER=order, **L.mask_kwargs(layout, B),
         Hq=Hq, **L.head_kwargs(layout, Hq, Hkv), n_qtiles=layout.nq, W=layout.width, FW=layout.full_width,
         Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale_log2=scale * LOG2E,
-        HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+        HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        **(S.PLAIN if cfg.split is None else {}),
+        WARP_SPEC=cfg.warp_specialize and not persistent and not _runtime.is_interpreter(),
+        num_warps=cfg.num_warps)
     tma = cfg.tma is not False and (_runtime.is_interpreter() or
                                     torch.cuda.get_device_capability(q.device)[0] >= 9)
     return dict(kwargs=kwargs, grid=(order.numel(), B * Hq), tma=tma)
