@@ -152,16 +152,20 @@ def test_graph_on_a_static_layout_follows_copy_into():
         assert torch.equal(out, sa.sparse_attention(q, k, v, other))
 
 
-def test_fused_transpose_under_0_2_ms_at_32k():
-    import triton.testing
+def test_fused_transpose_at_32k_matches_the_torch_transpose():
+    """The fused transpose at a real size gives the torch path's lists (its time is the routing suite's
+    ``transpose`` row, ``python -m sparseattn.bench routing``, not a unit test's business)."""
     q, k, _ = _inputs(32768, Hq=16, Hkv=16)
     sel = routing.select_blocks(q, k, 128, 128, topk=16)
     layout = sel.to_layout()
-    ms = triton.testing.do_bench(lambda: layout.transpose_fixed(layout.nq), return_mode="median")
-    ms_index = triton.testing.do_bench(sel.to_layout, return_mode="median")
-    print(f"fused transpose {ms * 1e3:.1f} us, index (layout + transpose) {ms_index * 1e3:.1f} us")
-    assert ms < 0.2, ms
+    fused = layout.transpose_fixed(layout.nq)
+    # column counts from the forward lists by torch: how many query tiles list each key tile
+    for count, index, got in ((layout.kv_count, layout.kv_index, fused.q_count),
+                              (layout.full_count, layout.full_index, fused.full_q_count)):
+        valid = torch.arange(index.shape[-1], device=DEV) < count[..., None]  # [B, H, nq, W]
+        cols = torch.zeros(*count.shape[:2], layout.nk, dtype=torch.long, device=DEV)
+        cols.scatter_add_(2, index.long().clamp(0, layout.nk - 1).flatten(2), valid.long().flatten(2))
+        assert torch.equal(got.long(), cols)
     static = BlockLayout.from_mask_mod(P.causal(), 32768, 32768, 128, 128, device=DEV)
     t = static.transpose(width=static.nq)
     assert torch.equal(t.full_q_count, static.full_q_count)
-    assert triton.testing.do_bench(lambda: static.transpose(width=static.nq), return_mode="median") < 0.2
