@@ -625,6 +625,14 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     assert t.column("case") == list(BB.CASES) and "failed" not in str(t.rows)
     assert t.column("persistent auto (ms)") == [f"{bf.ms(Impl.OURS_SPLIT, Pass.FWD, case=n, persistent=True):.3f}"
                                                 for n in BB.CASES]
+    cases = V.recorded_cases(bf)
+    assert list(cases) == list(BB.CASES)
+    assert all(set(c["split"]) == {r.case["split"] for r in bf.select(Impl.OURS_SPLIT, Pass.FWD, case=n,
+                                                                      persistent=False)} for n, c in cases.items())
+    assert cases["routed skewed (synthetic)"]["graph"] == g.ms
+    assert all(c["graph"] is None for n, c in cases.items() if n != "routed skewed (synthetic)")
+    fig = V.recorded_figure(bf)
+    assert [len(t.y) for t in fig.data] == [len(BB.CASES)] * 5 and fig.layout.yaxis.title.text == "time (ms)"
     # the ideal's calibration: equal rows, one record per (N, H)
     assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
         {(256, 2), (128, 1)}
@@ -645,3 +653,29 @@ def test_balance_cases_are_skewed():
     assert r.makespan_plain == math.ceil(8192 / 132) * BB.EQUAL_ROW_TILES and r.merged_rows == 0
     with pytest.raises(ValueError, match="case"):
         BB.case_layout("nope", 256, 1)
+
+
+def test_ch10_recorded_balance_figure_reads_the_record():
+    """Chapter 10's recorded figure and per-case rows come from the file: every bar is a record's time, the
+    "faster fixed chunk" bar is the faster of chunks 16 and 64, and the log axis stays within a fifth of a
+    decade of the data. A file without the persistent rows still draws (those bars are empty)."""
+    from sparseattn import book
+    from sparseattn.viz import ch10_load_balance as V
+    bf = book.load_bench("balance")
+    cases = V.recorded_cases(bf)
+    assert "equal rows" not in cases and len(cases) == len({r.case["case"] for r in bf.records}) - 1
+    fig = V.recorded_figure(bf)
+    plain, auto, fixed, persist, ideal = (list(t.y) for t in fig.data)
+    for i, (name, c) in enumerate(cases.items()):
+        assert plain[i] == bf.ms(Impl.OURS, Pass.FWD, case=name) and ideal[i] == c["ideal_ms"]
+        assert auto[i] == bf.ms(Impl.OURS_SPLIT, Pass.FWD, case=name, split="auto", persistent=False)
+        assert fixed[i] == min(c["split"][16].ms, c["split"][64].ms)
+        assert persist[i] == bf.ms(Impl.OURS_SPLIT, Pass.FWD, case=name, persistent=True)
+    lo, hi = fig.layout.yaxis.range
+    vals = [v for t in fig.data for v in t.y if v]
+    assert 0 < math.log10(min(vals)) - lo <= 0.2 and 0 < hi - math.log10(max(vals)) <= 0.2
+    doc = bf.to_json()
+    doc["results"] = [r for r in doc["results"] if not r["case"].get("persistent")]
+    thin = BenchFile.from_json(doc)
+    assert all(c["persistent"] is None for c in V.recorded_cases(thin).values())
+    assert list(V.recorded_figure(thin).data[3].y) == [None] * len(cases)

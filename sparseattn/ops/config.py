@@ -30,13 +30,15 @@ class FwdConfig:
     ``split``: ``None`` (default) runs one program per query sub-tile over its whole row, longest row first;
     an int runs tasks of at most that many listed tiles (longer rows are split, their chunks' partial states
     merged in a fixed order: deterministic); ``"auto"`` lets :mod:`sparseattn.balance` pick the chunk on the
-    device (FlashInfer's fill rule and a tail bound). The default stays the plain grid until the balance
-    suite's H200 timings show where splitting pays. The backward's dK/dV pass cuts long columns by itself
-    (``BwdConfig.chunk``); its dQ pass splits rows with the same planner when ``BwdConfig.dq_split`` asks.
+    device (FlashInfer's fill rule and a tail bound). The default stays the plain grid: in the balance suite's
+    H200 record (chapter 10) "auto" pays only where heads are skewed differently and loses on the small grid
+    of one head. The backward's dK/dV pass cuts long columns by itself (``BwdConfig.chunk``); its dQ pass
+    splits rows with the same planner when ``BwdConfig.dq_split`` asks.
 
     ``persistent`` (needs ``split``): instead of one program per (task, head), a fixed grid of about two
     programs per SM loops over the split plan's (task, head) items, longest task first; the output is the
-    split grid's, bit for bit. Warp specialisation is off on this path (its loop is inside the task loop)."""
+    split grid's, bit for bit, but it was slower than both grids in every case of the H200 record, so it is
+    off by default. Warp specialisation is off on this path (its loop is inside the task loop)."""
     block_m: int
     block_n: int
     num_warps: int

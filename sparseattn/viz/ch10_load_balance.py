@@ -1,6 +1,7 @@
 """Chapter 10, load balance: per-program work of the plain grid and of the split plan on the balance suite's
 layouts (exact, from the block tables, on the CPU), what splitting and a fixed capacity cost, the roofline's
-per-tile time for predicted milliseconds, and the recorded ``balance`` suite once it exists."""
+per-tile time for predicted milliseconds, and the recorded ``balance`` suite (its table, its rows per case and a
+figure of the grids' times)."""
 from __future__ import annotations
 
 import functools
@@ -18,7 +19,7 @@ from ..layout import BlockLayout
 from . import COLORS, Table
 
 __all__ = ["CASES", "case_report", "case_table", "cost_table", "histogram_figure", "tile_ms", "docs_layout",
-           "explorer_figure", "recorded_table", "D", "SMS"]
+           "explorer_figure", "recorded_table", "recorded_cases", "recorded_figure", "D", "SMS"]
 
 CASES = list(BB.CASES)  #: the balance suite's cases, by name
 D = 128  #: head dim of the suite (the workspace of a split row is block_m x (D + 1) floats)
@@ -155,31 +156,90 @@ def recorded_table(bf: BenchFile) -> Table:
     """The recorded ``balance`` suite: per case our plain grid, the split plan ("auto" and the best chunk), the
     persistent grid over the "auto" plan (files that predate it: "not measured"), FlexAttention and cuDNN on
     the causal envelope, beside the ideal balanced time and the prediction."""
+    def fmt(x: Optional[float]) -> str:
+        return "failed" if x is None else f"{x:.3f}"
+
+    def maybe(x: Optional[float]) -> str:
+        return "not measured" if x is None else fmt(x)
     rows = []
-    names = dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.FWD))  # in the suite's order
-    for name in names:
-        if name == "equal rows":
+    for name, c in recorded_cases(bf).items():
+        auto = c["split"].get("auto")
+        timed = [r for r in c["split"].values() if r.ms is not None]
+        best = min(timed, key=lambda r: r.ms) if timed else None
+        plain, ideal = c["plain"], c["ideal_ms"]
+        rows.append([name, c["N"], c["H"], fmt(plain), fmt(auto.ms if auto else None),
+                     f"{best.case['split']}: {best.ms:.3f}" if best else "failed",
+                     maybe(c["persistent"]), maybe(c["flex"]), maybe(c["cudnn"]), fmt(ideal),
+                     fmt(c["predicted_ms"]), f"{plain / ideal:.2f}" if plain and ideal else "",
+                     f"{best.ms / ideal:.2f}" if best and ideal else ""])
+    return Table(["case", "N", "heads", "plain (ms)", "split auto (ms)", "best split", "persistent auto (ms)",
+                  "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "predicted (ms)", "plain / ideal", "best split / ideal"],
+                 rows, caption=f"Forward, bf16, D=128; {bf.caption()}")
+
+
+def recorded_cases(bf: BenchFile) -> dict:
+    """The recorded ``balance`` suite per case, in the suite's order: ``{case: {"N", "H", "plain", "persistent",
+    "graph", "cudnn", "flex", "ideal_ms", "predicted_ms", "split": {split: record}}}``, times in ms (``None``
+    where a row is missing: "graph" exists for the routed case only, "cudnn" and "flex" where they ran). ``split`` holds the split grid's records
+    ("auto", 16, 64), each with its ``chunk``, ``tasks``, ``merged_rows`` and ``predicted_ms``."""
+    out = {}
+    for name in dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.FWD)):
+        if name == "equal rows":  # the ideal's calibration, not a case
             continue
         plain = bf.one(Impl.OURS, Pass.FWD, case=name)
         both = bf.select(Impl.OURS_SPLIT, Pass.FWD, case=name)
-        splits = [r for r in both if not r.case.get("persistent")]
         persist = [r for r in both if r.case.get("persistent")]
-        auto = next((r for r in splits if r.case.get("split") == "auto"), None)
-        timed = [r for r in splits if r.ms is not None]
-        best = min(timed, key=lambda r: r.ms) if timed else None
-        flex = bf.select(Impl.FLEX, Pass.FWD, case=name)
+        graph = bf.select(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case=name)
         cud = bf.select(Impl.CUDNN, Pass.FWD, case=name)
-        ideal = plain.get("ideal_ms")
+        flex = bf.select(Impl.FLEX, Pass.FWD, case=name)
+        out[name] = {"N": plain.case["N"], "H": plain.case["H"], "plain": plain.ms, "ideal_ms": plain.get("ideal_ms"),
+                     "predicted_ms": plain.get("predicted_ms"),
+                     "split": {r.case["split"]: r for r in both if not r.case.get("persistent")},
+                     "persistent": persist[0].ms if persist else None, "graph": graph[0].ms if graph else None,
+                     "graph_record": graph[0] if graph else None, "cudnn": cud[0].ms if cud else None,
+                     "flex": flex[0].ms if flex else None}
+    return out
 
-        def fmt(x: Optional[float]) -> str:
-            return "failed" if x is None else f"{x:.3f}"
-        rows.append([name, plain.case["N"], fmt(plain.ms), fmt(auto.ms if auto else None),
-                     f"{best.case['split']}: {best.ms:.3f}" if best else "failed",
-                     fmt(persist[0].ms) if persist else "not measured",
-                     fmt(flex[0].ms) if flex else "not measured", fmt(cud[0].ms) if cud else "not measured",
-                     fmt(ideal), fmt(plain.get("predicted_ms")),
-                     f"{plain.ms / ideal:.2f}" if plain.ms and ideal else "",
-                     f"{best.ms / ideal:.2f}" if best and ideal else ""])
-    return Table(["case", "N", "plain (ms)", "split auto (ms)", "best split", "persistent auto (ms)",
-                  "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "predicted (ms)", "plain / ideal", "best split / ideal"],
-                 rows, caption=f"Forward, bf16, D=128; {bf.caption()}")
+
+#: Short axis labels for the suite's cases (the table beside the figure names them in full).
+_SHORT = {"documents lognormal": "documents", "documents lognormal 2N": "documents 2N",
+          "causal&(sinks64|window1024)": "sinks | window", "routed skewed (synthetic)": "routed",
+          "causal H=1 N/4": "causal, 1 head"}
+
+
+def recorded_figure(bf: BenchFile) -> go.Figure:
+    """The recorded ``balance`` suite, one group of bars per case: the plain grid, the split grid with the
+    planner's "auto" chunk, the split grid with the faster of the fixed chunks, and the persistent grid over the
+    "auto" plan, beside the ideal balanced time (a marker; not a strict bound). Times in ms on a log axis (the
+    cases span two decades), clipped to the data."""
+    cases = recorded_cases(bf)
+    labels = [f"{_SHORT.get(n, n)}<br>{c['N'] // 1024}k, H={c['H']}" for n, c in cases.items()]
+
+    def fixed(c):
+        timed = [r for s, r in c["split"].items() if s != "auto" and r.ms is not None]
+        return min(timed, key=lambda r: r.ms) if timed else None
+    best = [fixed(c) for c in cases.values()]
+    series = [("one program per row", [c["plain"] for c in cases.values()], COLORS[Impl.OURS], "", None),
+              ('split, chunk "auto"', [c["split"]["auto"].ms if "auto" in c["split"] else None
+                                       for c in cases.values()], COLORS[Impl.OURS_SPLIT], "",
+               [f"chunk {c['split']['auto'].get('chunk')}" if "auto" in c["split"] else "" for c in cases.values()]),
+              ("split, faster fixed chunk", [b.ms if b else None for b in best], COLORS[Impl.OURS_SPLIT], "/",
+               [f"chunk {b.case['split']}" if b else "" for b in best]),
+              ('persistent, chunk "auto"', [c["persistent"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "x",
+               None)]
+    fig = go.Figure()
+    for name, ys, color, pattern, hover in series:
+        fig.add_trace(go.Bar(x=labels, y=ys, name=name, marker=dict(color=color, pattern_shape=pattern,
+                                                                    pattern_fgcolor="white"),
+                             hovertext=hover, hovertemplate="%{x}: %{y:.3f} ms %{hovertext}<extra></extra>"))
+    ideal = [c["ideal_ms"] for c in cases.values()]
+    fig.add_trace(go.Scatter(x=labels, y=ideal, mode="markers", name="ideal (tile time x tiles; not a strict bound)",
+                             marker=dict(symbol="line-ew", size=34, line=dict(width=3, color=COLORS[Impl.READ_CEILING])),
+                             hovertemplate="%{x}: ideal %{y:.3f} ms<extra></extra>"))
+    vals = [v for _, ys, *_ in series for v in ys if v] + [v for v in ideal if v]
+    fig.update_layout(barmode="group", height=520, title_font_size=14, legend=dict(orientation="h", y=-0.28),
+                      title=f"Forward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>",
+                      xaxis=dict(title="case (query and key length, heads)", tickangle=0),
+                      yaxis=dict(type="log", title="time (ms)",
+                                 range=[math.log10(min(vals)) - 0.1, math.log10(max(vals)) + 0.1]))
+    return fig
