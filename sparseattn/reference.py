@@ -224,6 +224,9 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
 
     ``x`` and ``ref`` must be floating tensors of the same shape. If ``ref`` is all zeros the result is 0.0
     when ``x`` is too and ``inf`` otherwise; a NaN in either gives NaN, which fails every ``< bound`` test.
+    The ratio is meaningful when ``ref`` is not itself a cancellation to about zero: a gradient that is zero
+    in exact arithmetic (dQ when every row sees a single key) is rounding noise in float64, and there only an
+    absolute bound makes sense.
     """
     for name, t in (("x", x), ("ref", ref)):
         if not isinstance(t, torch.Tensor):

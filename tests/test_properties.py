@@ -200,8 +200,8 @@ def test_backward_dq_dk_dv_separately(case, data):
         s = max(1.0, float(w.abs().max()))
         err = float((g_.double() - w).abs().max()) / s
         assert err <= GRAD_TOL[dtype], f"{name}: max error {err:.2e} (scaled by {s:.2f}), deterministic={deterministic}"
-        rel = sa.reference.relative_error(g_, w)
-        assert rel < sa.reference.tolerance(dtype, "bwd") or not w.any(), f"{name}: relative error {rel:.2e}"
+        # no relative Frobenius check here: drawn cases include gradients that are zero in exact arithmetic
+        # (every row sees one key: dQ = 0), where fp64 holds rounding noise and a ratio means nothing
     event(f"backward deterministic={deterministic}")
 
 
