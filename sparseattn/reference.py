@@ -7,6 +7,9 @@ Fixed semantics (shared by every op): a query row with no allowed key has output
 passes zero gradient; nothing produces NaN unless the inputs hold NaN, and a NaN in K or V reaches only rows
 that visit it (here: exactly the rows whose mask allows that key; in a tiled kernel: rows whose visited tiles
 hold it).
+
+How close a kernel must come to this reference is one table, :data:`TOLERANCES`, read by :func:`tolerance`
+and measured by :func:`relative_error`; the tests, the chapters and the book's pages all use it.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from .paged import PagedKVCache, PageSelection, check_select_args
 
 __all__ = ["reference_attention", "merge_states", "decode_reference", "page_bounds_reference",
            "select_pages_reference", "route_scores_reference", "route_reference", "select_blocks_reference",
-           "selection_recall_reference"]
+           "selection_recall_reference", "TOLERANCES", "tolerance", "relative_error"]
 
 
 def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -143,6 +146,101 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
     o = (part_a + part_b) / safe_total[..., None]
     lse = torch.where(empty, torch.full_like(m, float("-inf")), m_safe + torch.log(safe_total))
     return o.to(o_a.dtype), lse.to(lse_a.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The accuracy the kernels promise against this reference: one table, used by the tests, chapters and pages.
+# ---------------------------------------------------------------------------------------------------------
+TOLERANCES = {
+    ("fp32", "fwd"): 1e-5,
+    ("fp32", "bwd"): 5e-5,
+    ("fp16", "fwd"): 2e-3,
+    ("fp16", "bwd"): 1e-2,
+    ("bf16", "fwd"): 1e-2,
+    ("bf16", "bwd"): 2e-2,
+}
+"""Bound on :func:`relative_error` of a kernel's result against the float64 reference on the same edge set,
+keyed by ``(dtype, pass)``: dtype ``"fp32"``, ``"fp16"`` or ``"bf16"`` (the inputs' dtype), pass ``"fwd"`` for
+the output ``o`` and ``"bwd"`` for each of ``dq``, ``dk``, ``dv`` (autograd through the fp64 reference with
+the same ``do``). Read it through :func:`tolerance`.
+
+======  ======  ======  ==========================================================================
+dtype   fwd     bwd     evidence (relative Frobenius error measured; the bound sits above it)
+======  ======  ======  ==========================================================================
+fp32    1e-5    5e-5    Triton interpreter on CPU, the test patterns at L=201, D=32: fwd 1.0e-7 to
+                        1.7e-7, bwd 2.0e-7 to 3.2e-7 (60x and 150x margin)
+fp16    2e-3    1e-2    same CPU runs: fwd 2.2e-4 to 2.6e-4, bwd 3.0e-4 to 3.4e-4; H200
+                        (``book/data/bench/errors-h200.json``, causal, D=128): fwd 1.6e-4 at N=32k,
+                        2.5e-4 at N=1k (8x margin forward)
+bf16    1e-2    2e-2    H200 records: fwd 1.3e-3 at N=32k, 2.0e-3 at N=1k (5x margin), the same as
+                        FlexAttention's and cuDNN's; the GPU tests (``tests/gpu``) check gradients at
+                        2e-2 (bf16 cannot be checked on CPU: the interpreter's bf16 arithmetic is wrong)
+======  ======  ======  ==========================================================================
+
+What a real bug gives: a kernel that skips one listed tile is off by more than 5e-2 (``tests/test_tolerance.py``
+plants one and checks that it exceeds every bound here), and an unwritten element is NaN, which no bound
+accepts. The low-precision bounds are a few units of the format's rounding (fp16 ``2**-11``, bf16 ``2**-8``):
+the output is rounded once to the storage dtype and ``P`` once before the ``P @ V`` product, with float32
+accumulation.
+
+The fp32 bounds assume IEEE-exact float32 dots. The interpreter computes them so, and on the GPU every kernel
+picks ``input_precision="ieee"`` for float32 inputs (the ``DOT_PRECISION`` heuristic in
+``kernels/prefill_fwd.py``, ``prefill_bwd.py``, ``decode.py`` and ``select.py``), so the fp32 bounds cover the
+GPU too; a kernel run with tf32 dots (10-bit mantissa) would need the fp16-sized bound instead. For 16-bit
+inputs the dot's precision setting does not apply (products of 16-bit values are exact in float32).
+"""
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_PASSES = ("fwd", "bwd")
+
+
+def tolerance(dtype, pass_: str = "fwd") -> float:
+    """The bound from :data:`TOLERANCES` on :func:`relative_error` against the float64 reference.
+
+    ``dtype`` is the kernel inputs' dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``, or
+    its short name ``"fp32"``, ``"fp16"``, ``"bf16"``; ``pass_`` is ``"fwd"`` (the output) or ``"bwd"``
+    (each gradient). Example: ``relative_error(o, ref) < tolerance(q.dtype)``.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of torch.float32, torch.float16, torch.bfloat16 (the dtypes the "
+                             f"kernels run in), got {dtype}")
+        name = _DTYPE_NAMES[dtype]
+    elif isinstance(dtype, str):
+        if dtype not in _DTYPE_NAMES.values():
+            raise ValueError(f"dtype must be one of 'fp32', 'fp16', 'bf16' (or a torch.dtype), got {dtype!r}")
+        name = dtype
+    else:
+        raise TypeError(f"dtype must be a torch.dtype or one of 'fp32', 'fp16', 'bf16', got {type(dtype).__name__}")
+    if not isinstance(pass_, str):
+        raise TypeError(f"pass_ must be 'fwd' or 'bwd', got {type(pass_).__name__}")
+    if pass_ not in _PASSES:
+        raise ValueError(f"pass_ must be 'fwd' (outputs) or 'bwd' (gradients), got {pass_!r}")
+    return TOLERANCES[(name, pass_)]
+
+
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error ``||x - ref|| / ||ref||``, computed in float64 (on ``x``'s device).
+
+    ``x`` and ``ref`` must be floating tensors of the same shape. If ``ref`` is all zeros the result is 0.0
+    when ``x`` is too and ``inf`` otherwise; a NaN in either gives NaN, which fails every ``< bound`` test.
+    The ratio is meaningful when ``ref`` is not itself a cancellation to about zero: a gradient that is zero
+    in exact arithmetic (dQ when every row sees a single key) is rounding noise in float64, and there only an
+    absolute bound makes sense.
+    """
+    for name, t in (("x", x), ("ref", ref)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    if x.shape != ref.shape:
+        raise ValueError(f"x and ref must have the same shape, got {tuple(x.shape)} and {tuple(ref.shape)}")
+    xd = x.detach().to(torch.float64)
+    rd = ref.detach().to(device=x.device, dtype=torch.float64)
+    diff, norm = float(torch.linalg.vector_norm(xd - rd)), float(torch.linalg.vector_norm(rd))
+    if norm == 0.0 and diff == 0.0:
+        return 0.0
+    return diff / norm if norm > 0.0 else (diff if math.isnan(diff) else math.inf)
 
 
 def page_bounds_reference(q: torch.Tensor, cache: PagedKVCache, seqs=None) -> torch.Tensor:

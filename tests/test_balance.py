@@ -96,6 +96,7 @@ def persistent_grids(monkeypatch):
 def _check_ref(layout, q, k, v, o, lse):
     ref_o, ref_lse = sa.reference_attention(q.double(), k.double(), v.double(), layout.to_dense(), return_lse=True)
     torch.testing.assert_close(o.double(), ref_o, **TOL[q.dtype])
+    assert sa.reference.relative_error(o, ref_o) < sa.reference.tolerance(q.dtype)
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite), "empty rows must have LSE -inf, others finite"
     torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-4, rtol=1e-5)
@@ -143,6 +144,7 @@ def test_split_fp16_gqa_batch_and_subtiles(poisoned_workspace):
         ref_o, ref_lse = sa.reference_attention(q.double(), k.double(), v.double(), layout.to_dense(),
                                                 return_lse=True)
         torch.testing.assert_close(o.double(), ref_o, **TOL[torch.float16])
+        assert sa.reference.relative_error(o, ref_o) < sa.reference.tolerance(torch.float16)
         torch.testing.assert_close(o, o0, **TOL[torch.float16])
 
 

@@ -7,8 +7,10 @@ import sparseattn as sa
 from sparseattn import BlockLayout, patterns as P
 from sparseattn.ops import mask_path_name
 from sparseattn.predicates import kernel_predicate
+from sparseattn.reference import relative_error, tolerance
 from conftest import dense_of
 
+# elementwise bounds (catch one wrong element); the relative Frobenius bound is the package's table
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=3e-3, rtol=3e-3)}
 DOCS = torch.tensor([0] * 37 + [1] + [2] * 50 + [3] * 60 + [4] * 53)  # 201 positions, one length-1 doc
 
@@ -39,6 +41,7 @@ def run_and_check(layout, q, k, v, **kw):
     ref_o, ref_lse = sa.reference_attention(q, k, v, layout.to_dense(), return_lse=True, scale=kw.get("scale"))
     assert not torch.isnan(o).any(), "NaN or unwritten output"
     torch.testing.assert_close(o.double(), ref_o, **TOL[q.dtype])
+    assert relative_error(o, ref_o) < tolerance(q.dtype), relative_error(o, ref_o)
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite), "empty rows must have LSE -inf, others finite"
     torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-4, rtol=1e-5)

@@ -167,6 +167,7 @@ def test_forward_against_fp64_on_the_same_edges(case, data):
     assert not torch.isnan(o).any(), "NaN or unwritten output"
     tol = FWD_TOL[dtype]
     torch.testing.assert_close(o.double(), ref_o, atol=tol, rtol=tol)
+    assert sa.reference.relative_error(o, ref_o) < sa.reference.tolerance(dtype) or not ref_o.any()
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin), "empty rows: LSE -inf exactly there"
     torch.testing.assert_close(lse.double()[fin], ref_lse[fin], atol=1e-4, rtol=1e-5)
@@ -199,6 +200,8 @@ def test_backward_dq_dk_dv_separately(case, data):
         s = max(1.0, float(w.abs().max()))
         err = float((g_.double() - w).abs().max()) / s
         assert err <= GRAD_TOL[dtype], f"{name}: max error {err:.2e} (scaled by {s:.2f}), deterministic={deterministic}"
+        # no relative Frobenius check here: drawn cases include gradients that are zero in exact arithmetic
+        # (every row sees one key: dQ = 0), where fp64 holds rounding noise and a ratio means nothing
     event(f"backward deterministic={deterministic}")
 
 
@@ -275,6 +278,7 @@ def test_decode_against_fp64(data):
     ref_o, ref_lse = decode_reference(q, cache, seqs, pages)
     tol = FWD_TOL[dtype]
     torch.testing.assert_close(o.double(), ref_o, atol=tol, rtol=tol)
+    assert sa.reference.relative_error(o, ref_o) < sa.reference.tolerance(dtype) or not ref_o.any()
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin)
     torch.testing.assert_close(lse.double()[fin], ref_lse[fin], atol=1e-4, rtol=1e-5)

@@ -169,6 +169,7 @@ def check_attention(layout, q, k, v, deterministic=True):
     ref = sa.reference_attention(q, k, v, layout.to_dense())
     assert not torch.isnan(o).any()
     torch.testing.assert_close(o.double(), ref, **TOL[q.dtype])
+    assert sa.reference.relative_error(o, ref) < sa.reference.tolerance(q.dtype)
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
     og = sa.sparse_attention(qg, kg, vg, layout, deterministic=deterministic)
     do = torch.randn_like(og)
@@ -178,6 +179,7 @@ def check_attention(layout, q, k, v, deterministic=True):
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
         s = max(1.0, r.abs().max().item())
         torch.testing.assert_close(g.double() / s, r / s, **GRAD_TOL[q.dtype], msg=lambda m: f"{name}: {m}")
+        assert (r == 0).all() or sa.reference.relative_error(g, r) < sa.reference.tolerance(q.dtype, "bwd"), name
     return o
 
 

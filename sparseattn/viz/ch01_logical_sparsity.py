@@ -311,13 +311,15 @@ def four_ways_small(L: int = 256, heads: int = 2, head_dim: int = 32, block: int
                     dtype=torch.float32) -> List[dict]:
     """The four ways on a small shape that runs anywhere (our kernel in the Triton interpreter without a GPU;
     FlexAttention eager off the GPU, compiled on it; cuDNN only on a GPU): ``sinks_window(16, L // 4)``, each
-    way's output compared with the fp64 reference on the pattern's mask, and the query-key scores it computed
+    way's output compared with the fp64 reference on the pattern's mask (``max_err``: max absolute error;
+    ``rel_err``: :func:`sparseattn.reference.relative_error`, the measure the tolerance table bounds), and the
+    query-key scores it computed
     (naive and cuDNN: every cell of the envelope; ours and FlexAttention: the cells of the listed tiles)."""
     import warnings
     from .. import patterns as P
     from ..bench import _common as C
     from ..ops import sparse_attention
-    from ..reference import reference_attention
+    from ..reference import reference_attention, relative_error
     mm = P.sinks_window(16, L // 4)
     layout = BlockLayout.from_mask_mod(mm, L, L, block, block, device=device)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -338,7 +340,7 @@ def four_ways_small(L: int = 256, heads: int = 2, head_dim: int = 32, block: int
     for impl, _ in FOUR_WAYS:
         if impl not in ways:
             out.append({"impl": impl, "ran": False, "scores": L * (L + 1) // 2, "max_err": None,
-                        "note": "cuDNN needs a GPU"})
+                        "rel_err": None, "note": "cuDNN needs a GPU"})
             continue
         fn, scores = ways[impl]
         try:
@@ -346,12 +348,13 @@ def four_ways_small(L: int = 256, heads: int = 2, head_dim: int = 32, block: int
                 warnings.simplefilter("ignore")  # FlexAttention warns that eager mode is unfused
                 o = fn()
         except RuntimeError as e:  # a backend that refuses this small shape says so instead of failing the page
-            out.append({"impl": impl, "ran": False, "scores": scores, "max_err": None,
+            out.append({"impl": impl, "ran": False, "scores": scores, "max_err": None, "rel_err": None,
                         "note": f"refused: {str(e)[:80]}"})
             continue
         is_causal_envelope = impl == Impl.CUDNN  # cuDNN computes the causal envelope: compare where it agrees
         err = float((o.double() - ref).abs().max()) if not is_causal_envelope else None
-        out.append({"impl": impl, "ran": True, "scores": scores, "max_err": err,
+        rel = relative_error(o, ref) if not is_causal_envelope else None
+        out.append({"impl": impl, "ran": True, "scores": scores, "max_err": err, "rel_err": rel,
                     "note": "computes the causal envelope, not the pattern" if is_causal_envelope else ""})
     return out
 

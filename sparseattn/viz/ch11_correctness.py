@@ -16,7 +16,7 @@ from ..bench.record import BenchFile, Impl, Pass
 from ..exercises.ch11_correctness import drop_one_tile
 from ..layout import BlockLayout
 from ..ops import sparse_attention
-from ..reference import reference_attention
+from ..reference import reference_attention, relative_error, tolerance
 from . import COLORS, Table
 from ._axes import tidy_log
 
@@ -30,7 +30,7 @@ LABELS = {Impl.OURS: "sparseattn (ours)", Impl.FLEX: "FlexAttention (compiled, s
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+    return relative_error(a, b)
 
 
 def two_baselines(window: int = 24, L: int = 128, block: int = 32, seed: int = 0) -> Dict[str, Dict[str, float]]:
@@ -61,8 +61,9 @@ def baselines_figure(window: int = 24, L: int = 128, errors: Optional[dict] = No
     for base, color in BASELINE_COLORS.items():
         fig.add_trace(go.Bar(x=kernels, y=[errors[k][base] for k in kernels], name=base, marker_color=color,
                              text=[f"{errors[k][base]:.1e}" for k in kernels], textposition="outside"))
-    fig.add_hline(y=2e-5, line_dash="dot", annotation_text="fp32 tolerance 2e-5", annotation_position="top left")
-    vals = [errors[k][b] for k in kernels for b in BASELINE_COLORS] + [2e-5]
+    tol = tolerance(torch.float32)  # the package's one table (sparseattn.reference.TOLERANCES)
+    fig.add_hline(y=tol, line_dash="dot", annotation_text=f"fp32 tolerance {tol:.0e}", annotation_position="top left")
+    vals = [errors[k][b] for k in kernels for b in BASELINE_COLORS] + [tol]
     lo, hi = math.log10(min(vals)), math.log10(max(vals))
     fig.update_yaxes(range=[lo - 0.4, hi + 0.6])  # room for the labels above the bars, no decade past them
     fig.update_layout(barmode="group", yaxis_type="log", height=420, title_font_size=12,
