@@ -105,6 +105,15 @@ def _with_nonfinite_values(o: torch.Tensor, p: torch.Tensor, v: torch.Tensor) ->
     return o.index_put((b, h, i, d), exact)
 
 
+def _check_floating(**tensors) -> None:
+    """Each named argument must be a floating-point torch tensor (TypeError naming it otherwise)."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+
+
 def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor):
     """Merge two partial attention results over disjoint key sets into the result over their union.
 
@@ -118,11 +127,7 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
     against anything is undefined, so it raises ValueError (this reads the LSEs once on the host). NaN inputs
     are the caller's: a NaN in a state reaches only the merged rows that hold it.
     """
-    for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    _check_floating(o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b)
     if o_a.shape != o_b.shape:
         raise ValueError(f"o_a and o_b must have the same shape, got {tuple(o_a.shape)} and {tuple(o_b.shape)}")
     if lse_a.shape != lse_b.shape or tuple(lse_a.shape) != tuple(o_a.shape[:-1]):
@@ -228,11 +233,7 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     in exact arithmetic (dQ when every row sees a single key) is rounding noise in float64, and there only an
     absolute bound makes sense.
     """
-    for name, t in (("x", x), ("ref", ref)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    _check_floating(x=x, ref=ref)
     if x.shape != ref.shape:
         raise ValueError(f"x and ref must have the same shape, got {tuple(x.shape)} and {tuple(ref.shape)}")
     xd = x.detach().to(torch.float64)
