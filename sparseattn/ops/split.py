@@ -64,10 +64,11 @@ def merge(s: SplitLaunch, o: torch.Tensor, lse: torch.Tensor, block_m: int) -> N
     from ..kernels import merge as M
     B, Hq, Lq, D = o.shape
     block_d = min(D, 64)
-    M.merge_rows_kernel[(s.plan.merge_capacity, B * Hq, D // block_d)](
+    L.launch(  # Triton's default stages, as before the cached launch path
+        M.merge_rows_kernel, (s.plan.merge_capacity, B * Hq, D // block_d),
         WS_O=s.ws_o, WS_LSE=s.ws_lse, MERGE=s.plan.merge, N_MERGE=s.plan.n_merge, O=o, LSE=lse,
         stride_ob=o.stride(0), stride_oh=o.stride(1), stride_om=o.stride(2), Hq=Hq, Lq=Lq, ws_cap=s.ws_o.shape[1],
-        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4)
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4, num_stages=3)
 
 
 def check_split(name: str, split, persistent=False) -> None:

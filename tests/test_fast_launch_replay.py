@@ -1,0 +1,59 @@
+"""The cached launch path hands each kernel the argument list Triton's binding would (tests/tools/
+fast_launch_replay.py): the launches of real op calls are recorded here in the interpreter (forward, backward
+with split columns and the atomic path, a dynamic layout, the split forward, decode with and without a page
+selection) and replayed in a fresh process where the kernels are compiled JIT functions."""
+import os
+import subprocess
+import sys
+
+import torch
+
+import sparseattn as sa
+from sparseattn import BlockLayout, BwdConfig, FwdConfig, patterns as P
+from sparseattn.ops import _launch as L
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "fast_launch_replay.py")
+
+
+def _record(monkeypatch):
+    calls = []
+    real = L.launch
+
+    def recording(kernel, grid, *, num_stages, static=None, **kwargs):
+        name = kernel.fn.__name__ if hasattr(kernel, "fn") and hasattr(kernel.fn, "__name__") else kernel.__name__
+        calls.append((name, tuple(grid), num_stages, None if static is None else dict(static), dict(kwargs)))
+        return real(kernel, grid, num_stages=num_stages, static=static, **kwargs)
+    monkeypatch.setattr(L, "launch", recording)
+    return calls
+
+
+def test_cached_launch_replays_the_arguments_triton_would_bind(monkeypatch, tmp_path):
+    calls = _record(monkeypatch)
+    torch.manual_seed(0)
+    bwd = BwdConfig(block_m=32, block_n=32, dq_block_m=32, dq_block_n=32, num_warps=4, num_stages=1, chunk=2)
+    for mm, n in ((P.sinks_window(16, 64), 512), (P.causal(), 256)):
+        layout = BlockLayout.from_mask_mod(mm, n, n, 64, 64)
+        q = torch.randn(1, 2, n, 32, requires_grad=True)
+        k, v = (torch.randn(1, 1, n, 32, requires_grad=True) for _ in range(2))
+        for deterministic in (True, False):
+            sa.sparse_attention(q, k, v, layout, bwd_config=bwd, deterministic=deterministic).sum().backward()
+    layout = BlockLayout.from_mask_mod(P.causal(), 256, 256, 64, 64)
+    x = torch.randn(1, 1, 256, 32)
+    sa.sparse_attention(x, x, x, layout, config=FwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1,
+                                                          split=2))
+    cache = sa.PagedKVCache(64, 16, 2, 32, dtype=torch.float32, device="cpu", max_seqs=2)
+    for s in range(2):
+        cache.append(s, torch.randn(100, 2, 32), torch.randn(100, 2, 32))
+    qd = torch.randn(2, 4, 32)
+    sa.sparse_decode(qd, cache)
+    sa.sparse_decode(qd, cache, pages=sa.select_pages(qd, cache, topk=3))
+    names = {c[0] for c in calls}
+    assert {"sparse_fwd_kernel", "delta_kernel", "dkdv_kernel", "column_reduce_kernel", "dq_kernel",
+            "merge_rows_kernel", "decode_split_kernel", "merge_splits_kernel"} <= names, names
+    assert any(c[3] is not None for c in calls) and any(c[3] is None for c in calls)
+    path = tmp_path / "launches.pt"
+    torch.save(calls, path)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, SCRIPT, str(path)], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    assert res.stdout.count("ok    ") == len(calls), res.stdout
