@@ -623,7 +623,7 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     from sparseattn.viz import ch10_load_balance as V  # what chapter 10 shows once the suite is recorded
     t = V.recorded_table(bf)
     assert t.column("case") == list(BB.CASES) and "failed" not in str(t.rows)
-    assert t.column("persistent auto (ms)") == [f"{bf.ms(Impl.OURS_SPLIT, Pass.FWD, case=n, persistent=True):.3f}"
+    assert t.column("persistent (ms)") == [f"{bf.ms(Impl.OURS_SPLIT, Pass.FWD, case=n, persistent=True):.3f}"
                                                 for n in BB.CASES]
     cases = V.recorded_cases(bf)
     assert list(cases) == list(BB.CASES)
@@ -679,3 +679,9 @@ def test_ch10_recorded_balance_figure_reads_the_record():
     thin = BenchFile.from_json(doc)
     assert all(c["persistent"] is None for c in V.recorded_cases(thin).values())
     assert list(V.recorded_figure(thin).data[3].y) == [None] * len(cases)
+    # a series no case measured is left out of the table and named in its caption
+    table = V.recorded_table(bf)
+    flex_rows = bf.select(Impl.FLEX, Pass.FWD)
+    assert ("FlexAttention (ms)" in table.columns) == bool(flex_rows)
+    assert ("not in this run: FlexAttention" in table.caption) == (not flex_rows)
+    assert "persistent (ms)" not in V.recorded_table(thin).columns
