@@ -50,6 +50,7 @@ table.sa-table th { vertical-align: bottom; }
 table.sa-table th:first-child, table.sa-table td:first-child { text-align: left; }
 table.sa-table thead th { border-bottom: 2px solid #999; }
 div.cell_output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+div.cell_input pre { font-size: 0.76em; }  /* an 88-column code line fits the text column at 1280 px */
 """
 
 
