@@ -301,7 +301,7 @@ def cpu_stand_ins(monkeypatch):
         fn()
         return 1.0 + next(counter) / 64
 
-    def fake_graph(fn):
+    def fake_graph(fn, stream=None):
         fn()
         return types.SimpleNamespace(replay=fn)
 

@@ -51,16 +51,19 @@ def time_host(fn: Callable, repeat: int = 15, warmup: int = 3, device="cuda") ->
     return statistics.median(times)
 
 
-def graph_step(fn: Callable):
+def graph_step(fn: Callable, stream=None):
     """Capture ``fn`` (fixed shapes, no host sync) in a CUDA graph after two warm-up calls on a side
-    stream; return the graph (``graph.replay()`` reruns it)."""
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream (``stream``, or a new one); return the graph (``graph.replay()`` reruns it). The capture runs on
+    that same stream, so a caller can run a backward's kept forward there too: autograd runs a node's
+    backward on the stream its forward used, and a wait on a stream outside the capture invalidates it."""
+    graph = torch.cuda.CUDAGraph()
+    stream = stream if stream is not None else torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         fn()
     return graph
 
