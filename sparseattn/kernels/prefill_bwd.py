@@ -359,9 +359,7 @@ def column_reduce_kernel(WS_K, WS_V, REDUCE, DK, DV, stride_dkb, stride_dkh, str
     e = tl.program_id(0)
     bh = tl.program_id(1)
     dblk = tl.program_id(2)
-    sub = tl.load(REDUCE + e * 3)
-    first = tl.load(REDUCE + e * 3 + 1)
-    n_chunks = tl.load(REDUCE + e * 3 + 2)
+    sub, first, n_chunks = load_merge_entry(REDUCE, e)  # the same [n, 3] entry as a plan's merge list
     offs_r = tl.arange(0, BLOCK_N)  # [BN] rows of the sub-tile
     offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)  # [BD]
     acc_k = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)

@@ -237,6 +237,13 @@ def launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **
                                lambda: _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs}))
 
 
+def kept(args: Static, layout: BlockLayout) -> dict:
+    """Keyword arguments passing launch arguments kept on ``layout`` to :func:`launch`: as its ``static``,
+    or, for a dynamic layout (whose arguments are rebuilt every call, so a token per call would only fill
+    the cache), as per-call arguments."""
+    return dict(args) if layout.dynamic else {"static": args}
+
+
 def _launch_retrying(kernel, grid, num_stages: int, kwargs: dict):
     import triton
     kwargs = {k: v for k, v in kwargs.items() if k != "num_stages"}

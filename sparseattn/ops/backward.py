@@ -121,16 +121,16 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
         layout.plan(key, lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg))
     plan = st["plan"]
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)  # rowsum(dO * O)
-    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], **_fixed(st, "delta", layout), O=o, DO=do, DELTA=delta,
+    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], **L.kept(st["delta"], layout), O=o, DO=do, DELTA=delta,
              num_stages=1)
     ws_k = torch.empty(B * Hkv, max(plan.n_ws, 1), cfg.block_n, D, device=q.device, dtype=torch.float32)
     ws_v = torch.empty_like(ws_k)
     dq_acc = None if deterministic else torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32)
     tensors = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta)
-    L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], **_fixed(st, "dkdv", layout), DK=dk, DV=dv,
+    L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], **L.kept(st["dkdv"], layout), DK=dk, DV=dv,
              DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors, num_stages=cfg.num_stages)
     if plan.reduce.shape[0]:  # fixed-order sum of the chunks of split columns (no host sync)
-        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], **_fixed(st, "reduce", layout),
+        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], **L.kept(st["reduce"], layout),
                  WS_K=ws_k, WS_V=ws_v, DK=dk, DV=dv, num_stages=1)
     if not deterministic:
         return (dq_acc * scale).to(q.dtype), dk, dv
@@ -139,7 +139,7 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     tasks = dict(TASKS=None, N_TASKS=None, WS_DQ=None, ws_cap=0) if split is None else dict(
         TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
     grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
-    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **_fixed(st, "dq", layout), **tasks, DQ=dq, **tensors,
+    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **L.kept(st["dq"], layout), **tasks, DQ=dq, **tensors,
              num_stages=cfg.num_stages)
     if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
         block_d = min(D, 64)
@@ -148,12 +148,6 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
                  **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
                  HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
     return dq, dk, dv
-
-
-def _fixed(st: dict, name: str, layout: BlockLayout) -> dict:
-    """Keyword arguments passing the kept arguments ``st[name]`` to :func:`L.launch`: as its ``static``, or,
-    for a dynamic layout (whose arguments are rebuilt every call), as per-call arguments."""
-    return dict(st[name]) if layout.dynamic else {"static": st[name]}
 
 
 def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float, deterministic: bool,

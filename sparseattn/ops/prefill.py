@@ -51,11 +51,10 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
         desc_k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.block_n, D])
         desc_v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.block_n, D])
     persistent = split is not None and cfg.persistent
-    fixed = static["kwargs"]  # a dynamic layout's are rebuilt every call: passed as per-call arguments
     L.launch(
         prefill_fwd.sparse_fwd_kernel,
         S.grid(split, persistent, L.num_sms(q.device)) if split is not None else static["grid"],
-        static=None if layout.dynamic else fixed, **(fixed if layout.dynamic else {}),
+        **L.kept(static["kwargs"], layout),
         Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v,
         **(S.kernel_kwargs(split, persistent) if split is not None else {}), num_stages=cfg.num_stages,
     )
