@@ -136,15 +136,15 @@ def test_bad_dq_split_is_refused(bad):
 def test_balance_bwd_suite_on_cpu(cpu_stand_ins):
     """The ``balance_bwd`` suite end to end on the CPU (timers stand in): a plain, a split-dQ and a Flex
     backward row per case, the equal-rows calibration, and the split rows' checks recorded true."""
-    from sparseattn.bench import balance_bwd as BB
+    from sparseattn.bench import balance as BF, balance_bwd as BB
     from sparseattn.bench.record import Impl, Pass
-    cpu_stand_ins.setattr(BB, "CASES", {"documents lognormal": (2, 1), "causal H=1 N/4": (1, 0.25)})
+    cpu_stand_ins.setattr(BF, "CASES", {"documents lognormal": (2, 1), "causal H=1 N/4": (1, 0.25)})
     cpu_stand_ins.setattr(BB, "DQ_SPLIT", 1)
     records, table, cols = BB.run(_args(n="512"))
     bf = _check_run(BB, records, table, cols, (Impl.OURS, Pass.BWD), (Impl.OURS_SPLIT, Pass.BWD),
                     (Impl.FLEX, Pass.BWD))
-    assert [r["case"] for r in table] == list(BB.CASES)
-    for name in BB.CASES:
+    assert [r["case"] for r in table] == list(BF.CASES)
+    for name in BF.CASES:
         assert bf.one(Impl.OURS, Pass.BWD, case=name).get("ideal_ms") > 0
         r = bf.one(Impl.OURS_SPLIT, Pass.BWD, case=name)
         assert r.ms > 0 and r.get("dkdv_equal_plain") is True and r.get("bitwise_repeatable") is True

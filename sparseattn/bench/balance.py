@@ -21,7 +21,7 @@ on a dynamic layout of fixed capacity (``fwd (CUDA graph)``): replay time, the p
 from __future__ import annotations
 
 import math
-from typing import Callable, List
+from typing import Callable
 
 import torch
 
@@ -120,33 +120,49 @@ def _predicted(layout, H, D, impl="sparseattn", config=None) -> float:
         return None
 
 
-def run(args) -> tuple:
-    """Measure every case; return (records, table rows, table columns)."""
+def case_shapes(args, suite: str):
+    """``(name, H, N)`` of every case at this run's base length (``--n``), in order, under the suite's
+    progress bar; the seed is reset before each case and the allocator's cache emptied after it (the caller
+    drops its tensors first)."""
     base_n = int(str(args.n).split(",")[0])
-    D = args.head_dim
-    dev = args.device
-    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    records, table = [], []
-    tile_ms = {}  # N -> measured ms per listed tile on equal rows (H heads)
-    sms = num_sms(torch.device(dev))  # what the ops plan with
-    with C.progress(len(CASES), NAME) as bar:
+    with C.progress(len(CASES), suite) as bar:
         for name, (H, mult) in CASES.items():
             N = max(BLOCK, int(base_n * mult))
             bar.set_postfix_str(f"{name} N={N}")
             torch.manual_seed(0)
-            q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dtype) for _ in range(3))
-            if (N, H) not in tile_ms:
-                eq = equal_rows_layout(N, dev)
-                ms_eq = C.time_gpu(lambda: sparse_attention(q, k, v, eq))
-                tile_ms[(N, H)] = ms_eq / _listed(eq, H)
-                records.append(Record({"case": "equal rows", "N": N, "H": H, "B": 1, "D": D, "dtype": "bf16",
-                                       "tiles_per_row": EQUAL_ROW_TILES}, Impl.OURS, Pass.FWD, ms_eq,
-                                      {"tile_us": tile_ms[(N, H)] * 1e3, "listed_tiles": _listed(eq, H)}))
-            layout = case_layout(name, N, H, dev)
-            _case(args, name, N, H, D, q, k, v, layout, tile_ms[(N, H)], sms, records, table)
+            yield name, H, N
             bar.update()
-            del q, k, v
             C.empty_cache()
+
+
+def tile_ms_on_equal_rows(timed: Callable, N: int, H: int, D: int, dev, pass_: str, cache: dict,
+                          records: list) -> float:
+    """The ideal's unit: measured ms per listed tile of ``timed(layout)`` (a call to time) on the layout of
+    long equal rows at ``(N, H)``, measured once per shape (``cache``) and recorded as an "equal rows" row."""
+    if (N, H) not in cache:
+        eq = equal_rows_layout(N, dev)
+        ms_eq = C.time_gpu(timed(eq))
+        cache[(N, H)] = ms_eq / _listed(eq, H)
+        records.append(Record({"case": "equal rows", "N": N, "H": H, "B": 1, "D": D, "dtype": "bf16",
+                               "tiles_per_row": EQUAL_ROW_TILES}, Impl.OURS, pass_, ms_eq,
+                              {"tile_us": cache[(N, H)] * 1e3, "listed_tiles": _listed(eq, H)}))
+    return cache[(N, H)]
+
+
+def run(args) -> tuple:
+    """Measure every case; return (records, table rows, table columns)."""
+    D = args.head_dim
+    dev = args.device
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    records, table = [], []
+    tile_ms = {}  # (N, H) -> measured ms per listed tile on equal rows
+    sms = num_sms(torch.device(dev))  # what the ops plan with
+    for name, H, N in case_shapes(args, NAME):
+        q, k, v = (torch.randn(1, H, N, D, device=dev, dtype=dtype) for _ in range(3))
+        timed = lambda eq, q=q, k=k, v=v: lambda: sparse_attention(q, k, v, eq)  # noqa: E731
+        unit = tile_ms_on_equal_rows(timed, N, H, D, dev, Pass.FWD, tile_ms, records)
+        _case(args, name, N, H, D, q, k, v, case_layout(name, N, H, dev), unit, sms, records, table)
+        del q, k, v
     return records, table, COLUMNS
 
 

@@ -21,7 +21,7 @@ from ..ops import sparse_attention
 from ..ops._launch import num_sms
 from ..ops.config import layout_default
 from . import _common as C
-from .balance import BLOCK, CASES, EQUAL_ROW_TILES, _listed, _r, _ratio, case_layout, equal_rows_layout
+from .balance import BLOCK, _listed, _r, _ratio, case_layout, case_shapes, tile_ms_on_equal_rows
 from .record import Impl, Pass, Record
 
 NAME = "balance_bwd"
@@ -34,32 +34,20 @@ COLUMNS = ["case", "N", "H", "plain_bwd_ms", "dqsplit_bwd_ms", "dq_chunk", "flex
 
 def run(args) -> tuple:
     """Measure every case's backward; return (records, table rows, table columns)."""
-    base_n = int(str(args.n).split(",")[0])
     D = args.head_dim
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     records, table = [], []
     tile_ms = {}  # (N, H) -> measured backward ms per listed tile on equal rows
     sms = num_sms(torch.device(dev))
-    with C.progress(len(CASES), NAME) as bar:
-        for name, (H, mult) in CASES.items():
-            N = max(BLOCK, int(base_n * mult))
-            bar.set_postfix_str(f"{name} N={N}")
-            torch.manual_seed(0)
-            q, k, v, do = (torch.randn(1, H, N, D, device=dev, dtype=dtype) for _ in range(4))
-            q, k, v = (t.requires_grad_() for t in (q, k, v))
-            if (N, H) not in tile_ms:
-                eq = equal_rows_layout(N, dev)
-                ms_eq = C.time_gpu(C.grad_fn(lambda: sparse_attention(q, k, v, eq), (q, k, v), do))
-                tile_ms[(N, H)] = ms_eq / _listed(eq, H)
-                records.append(Record({"case": "equal rows", "N": N, "H": H, "B": 1, "D": D, "dtype": "bf16",
-                                       "tiles_per_row": EQUAL_ROW_TILES}, Impl.OURS, Pass.BWD, ms_eq,
-                                      {"tile_us": tile_ms[(N, H)] * 1e3, "listed_tiles": _listed(eq, H)}))
-            layout = case_layout(name, N, H, dev)
-            _case(args, name, N, H, D, q, k, v, do, layout, tile_ms[(N, H)], sms, records, table)
-            bar.update()
-            del q, k, v, do
-            C.empty_cache()
+    for name, H, N in case_shapes(args, NAME):
+        q, k, v, do = (torch.randn(1, H, N, D, device=dev, dtype=dtype) for _ in range(4))
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        def timed(eq, q=q, k=k, v=v, do=do):
+            return C.grad_fn(lambda: sparse_attention(q, k, v, eq), (q, k, v), do)
+        unit = tile_ms_on_equal_rows(timed, N, H, D, dev, Pass.BWD, tile_ms, records)
+        _case(args, name, N, H, D, q, k, v, do, case_layout(name, N, H, dev), unit, sms, records, table)
+        del q, k, v, do
     return records, table, COLUMNS
 
 
