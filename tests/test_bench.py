@@ -263,6 +263,27 @@ def test_table_and_timers_on_cpu(capsys):
     assert [float(s) for s in C.read_fn([x, x + 1])()] == [15.0, 21.0]
 
 
+def test_stream_read_kernel_reads_every_element():
+    """The read ceiling's kernel (interpreter): each tensor's partial sums add up to its sum, for sizes that
+    are and are not a multiple of the block, and more programs than blocks; the best-of timer names the
+    winner; a non-contiguous tensor or a bad block is refused."""
+    from sparseattn._runtime import is_interpreter
+    if not is_interpreter():
+        pytest.skip("runs the Triton kernel on CPU tensors: needs TRITON_INTERPRET=1")
+    x = torch.arange(1000, dtype=torch.bfloat16) % 7
+    y = torch.ones(64, 3, dtype=torch.bfloat16)
+    for block, per_sm in ((64, 4), (256, 1), (16, 2)):
+        parts = C.read_fn([x, y], block=block, programs_per_sm=per_sm)()
+        assert [float(p.sum()) for p in parts] == [float(x.float().sum()), 192.0]
+    times = iter([3.0, 2.0, 5.0])
+    ms, how = C.best_read([x], lambda fn: (fn(), next(times))[1], configs=((64, 4, 1), (128, 4, 1)))
+    assert ms == 2.0 and how.startswith("stream_read_kernel, 64 elements")
+    with pytest.raises(ValueError, match="tensors\\[0\\] must be contiguous"):
+        C.read_fn([torch.ones(4, 4).t()], block=64)
+    with pytest.raises(ValueError, match="block must be a positive power of two"):
+        C.read_fn([x], block=48)
+
+
 def test_cases_are_the_recorded_names():
     from sparseattn import patterns as P
     from sparseattn.bench import cases

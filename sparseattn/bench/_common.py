@@ -21,6 +21,7 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
+from ..roofline.ceilings import best_read, stream_read  # noqa: F401
 from ..roofline.ceilings import device_slug as gpu_slug  # noqa: F401
 from ..roofline.timing import (compiled_flex, flex_fn, graph_step, raise_recompile_limits,  # noqa: F401
                                sdpa_backend, sdpa_fn, synchronize, time_gpu, time_host)
@@ -167,11 +168,11 @@ def naive_fn(q, k, v, dense_mask) -> Callable:
     return run
 
 
-def read_fn(tensors: Iterable[torch.Tensor]) -> Callable:
-    """A streaming read of every byte of ``tensors`` (a float32-accumulated sum of each), the bandwidth
-    ceiling of a kernel that must read those bytes once."""
-    tensors = list(tensors)
-    return lambda: [t.sum(dtype=torch.float32) for t in tensors]
+def read_fn(tensors: Iterable[torch.Tensor], block=None, num_warps: int = 4, programs_per_sm: int = 4) -> Callable:
+    """A streaming read of every byte of ``tensors``: ``torch.sum`` (``block=None``) or the streaming-read
+    kernel (:func:`sparseattn.roofline.ceilings.stream_read`); the suites time the fastest of several as the
+    bandwidth ceiling of a kernel that must read those bytes once (:func:`sparseattn.roofline.ceilings.best_read`)."""
+    return stream_read(tensors, block, num_warps, programs_per_sm)
 
 
 def config_dict(cfg) -> dict:

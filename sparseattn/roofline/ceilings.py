@@ -23,7 +23,8 @@ import torch
 
 from .timing import graph_step, time_gpu, time_host
 
-__all__ = ["Ceilings", "ceilings", "measure_ceilings", "device_slug", "record_path", "load_record"]
+__all__ = ["Ceilings", "ceilings", "measure_ceilings", "device_slug", "record_path", "load_record",
+           "READ_CONFIGS", "stream_read", "best_read"]
 
 DATA_DIR = pathlib.Path(__file__).resolve().parent.parent / "data"
 CACHE_ENV = "SPARSEATTN_CEILINGS_CACHE"
@@ -150,7 +151,8 @@ def measure_ceilings(device=None, *, matmul_n: int = 8192, read_bytes: int = 4 <
 
     - matmul: ``torch.matmul`` of random ``matmul_n``-square matrices per dtype (fp32 with TF32 off: the
       kernels use IEEE dots for fp32), 2 n^3 / time;
-    - HBM read: ``torch.sum`` over ``read_bytes`` of random bf16 (a streaming read; its output is tiny);
+    - HBM read: the best of ``torch.sum`` and the streaming-read kernel (:func:`best_read`) over
+      ``read_bytes`` of random bf16;
     - launch latency: ``launches`` tiny kernels captured in one CUDA graph, replay time / launches;
     - host call time: wall time of one eager ``sparse_attention`` on one 128 x 128 tile and one
       ``sparse_decode`` on one page (Python checks, the launch, the synchronisation).
@@ -170,7 +172,8 @@ def measure_ceilings(device=None, *, matmul_n: int = 8192, read_bytes: int = 4 <
     sources["matmul_tflops"] = f"{where}: torch.matmul, {matmul_n}^3, TF32 off"
 
     hbm = _read_tbps(dev, read_bytes, timer)
-    sources["hbm_read_tbps"] = f"{where}: torch.sum over {read_bytes / 2**30:.1f} GiB of bf16"
+    sources["hbm_read_tbps"] = f"{where}: best streaming read (torch.sum or stream_read_kernel) over " \
+        f"{read_bytes / 2**30:.1f} GiB of bf16"
 
     launch_us = _launch_latency_us(dev, launches, timer)
     sources["launch_us"] = f"{where}: {launches} one-element adds in a CUDA graph, replay time / {launches}" \
@@ -203,8 +206,56 @@ def _matmul_tflops(dev: torch.device, dtype: torch.dtype, n: int, timer) -> floa
 def _read_tbps(dev: torch.device, nbytes: int, timer) -> float:
     n = nbytes // 2
     x = torch.randn(n, device=dev, dtype=torch.bfloat16)
-    ms = timer(lambda: torch.sum(x, dtype=torch.float32))
+    ms, _ = best_read([x], timer)
     return n * 2 / (ms * 1e-3) / 1e12
+
+
+#: Launch configs of the streaming-read kernel that :func:`best_read` tries: (elements per load, warps,
+#: programs per SM). A read ceiling is the best rate seen, so several are timed and the fastest kept.
+READ_CONFIGS = ((4096, 4, 4), (8192, 8, 4), (8192, 8, 8), (16384, 8, 2), (4096, 4, 16))
+
+
+def stream_read(tensors, block: Optional[int] = None, num_warps: int = 4,
+                programs_per_sm: int = 4) -> Callable[[], list]:
+    """A callable that reads every element of each contiguous tensor once. ``block=None``: ``torch.sum``
+    (float32 accumulation); otherwise :func:`sparseattn.kernels.stream.stream_read_kernel` with ``block``
+    elements per load and ``programs_per_sm`` programs per SM, returning each tensor's per-program partial
+    sums (their sum is the tensor's sum)."""
+    tensors = list(tensors)
+    for i, t in enumerate(tensors):
+        if not t.is_contiguous():
+            raise ValueError(f"tensors[{i}] must be contiguous: the read walks its storage as one flat array")
+    if block is None:
+        return lambda: [t.sum(dtype=torch.float32) for t in tensors]
+    from ..kernels.stream import stream_read_kernel
+    if block <= 0 or block & (block - 1):
+        raise ValueError(f"block must be a positive power of two, got {block}")
+    dev = tensors[0].device
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+    jobs = []
+    for t in tensors:
+        flat = t.view(-1)
+        grid = max(1, min(sms * programs_per_sm, -(-flat.numel() // block)))
+        jobs.append((flat, torch.empty(grid, device=dev, dtype=torch.float32), grid))
+
+    def read():
+        for flat, partial, grid in jobs:
+            stream_read_kernel[(grid,)](X=flat, PARTIAL=partial, n=flat.numel(), BLOCK=block, num_warps=num_warps,
+                                        num_stages=3)
+        return [partial for _, partial, _ in jobs]
+    return read
+
+
+def best_read(tensors, timer: Callable[[Callable], float], configs=READ_CONFIGS) -> tuple:
+    """``(ms, how)``: the fastest of ``torch.sum`` and the streaming-read kernel's ``configs`` over the same
+    bytes, timed with ``timer(fn) -> ms``; ``how`` names the winner."""
+    tensors = list(tensors)
+    best = (timer(stream_read(tensors)), "torch.sum")
+    for block, warps, per_sm in configs:
+        ms = timer(stream_read(tensors, block, warps, per_sm))
+        if ms < best[0]:
+            best = (ms, f"stream_read_kernel, {block} elements per load, {warps} warps, {per_sm} programs/SM")
+    return best
 
 
 def _launch_latency_us(dev: torch.device, launches: int, timer) -> float:
