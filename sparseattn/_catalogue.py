@@ -48,20 +48,29 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def gpu_present():
-    """Run as if a GPU ran the kernels (the backend choice says "cuda"), then restore the real choice."""
+def _backend(name: str):
+    """Run as if the kernels ran on ``name`` ("cuda" or "interpreter"), then restore the real choice."""
     before = _runtime._BACKEND
-    _runtime._BACKEND = "cuda"
+    _runtime._BACKEND = name
     try:
         yield
     finally:
         _runtime._BACKEND = before
 
 
+def gpu_present():
+    """Run as if a GPU ran the kernels (the backend choice says "cuda"), then restore the real choice."""
+    return _backend("cuda")
+
+
 def run(entry: BadInput) -> Outcome:
-    """Call ``entry`` and report what it raised."""
+    """Call ``entry`` and report what it raised. The rows' inputs are small CPU tensors, so the call runs as
+    on a CPU-only machine (the interpreter backend) even where a GPU is present -- otherwise, live on a GPU,
+    every row would stop at the device check before reaching the argument it spoils; the rows about the
+    device switch to "cuda" themselves (:func:`gpu_present`)."""
     try:
-        entry.call()
+        with _backend("interpreter"):
+            entry.call()
     except Exception as e:  # noqa: BLE001 (the point is to see which)
         return Outcome(type(e), str(e))
     return Outcome(None, "")

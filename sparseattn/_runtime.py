@@ -29,6 +29,7 @@ def select_backend() -> str:
             _BACKEND = "interpreter"
         if _BACKEND == "interpreter":
             _interpret_triton_stdlib()
+            patch_interpreter_scalars()
     return _BACKEND
 
 
@@ -52,3 +53,24 @@ def _interpret_triton_stdlib() -> None:
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, JITFunction) and not isinstance(obj, InterpretedFunction):
                 setattr(mod, name, InterpretedFunction(obj.fn))
+
+
+def patch_interpreter_scalars() -> None:
+    """Let Triton 3.6's interpreter run with NumPy >= 2.4. A scalar in the interpreter is a one-element array,
+    and the interpreter turns it into a Python int (``for i in range(0, n)`` with a loaded ``n``) with
+    ``int(array)``, which NumPy 2.4 turned from a deprecation into a ``TypeError`` ("only 0-dimensional arrays
+    can be converted to Python scalars"). Wrap the interpreter's per-launch patch of ``tl.tensor`` so that the
+    conversion reads the one element. Idempotent; it changes only interpreted launches (the GPU image ships
+    NumPy 2.5, where the book's interpreter exercises failed live without it)."""
+    from triton.runtime import interpreter
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_sparseattn_scalars", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0])
+                       if self.handle.data.size == 1 else int(self.handle.data))
+
+    patched._sparseattn_scalars = True
+    interpreter._patch_lang_tensor = patched

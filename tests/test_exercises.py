@@ -97,3 +97,23 @@ def test_checks_run_in_the_interpreter_where_triton_compiles_for_a_gpu():
         "            continue\n"
         "        raise SystemExit(f'{ex.name}: a mistake passed')\n"
         "assert tl.max is before, 'the compiled helpers were not restored'\n")
+
+
+def test_interpreter_scalars_survive_numpy_2_4():
+    """NumPy 2.4 made ``int(one_element_array)`` a TypeError (2.3 warns with a DeprecationWarning); Triton
+    3.6's interpreter does that for a loop bound loaded from memory. With the warning turned into an error
+    (what 2.4+ does), a check whose kernel loops to a loaded count still runs: the package's interpreter
+    patch reads the one element instead."""
+    import warnings
+
+    import numpy as np
+    from sparseattn.exercises import ch01_logical_sparsity as ex
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        try:
+            int(np.array([3]))
+        except (DeprecationWarning, TypeError):
+            pass
+        else:  # pragma: no cover - a NumPy that still converts silently cannot show the failure
+            pytest.skip("this NumPy converts one-element arrays to int without a warning")
+        ex.check_visit(ex.visit_solution)

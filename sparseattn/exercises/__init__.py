@@ -115,6 +115,9 @@ def run(what: str, call: Callable):
     import warnings
 
     import numpy as np
+
+    from .._runtime import patch_interpreter_scalars
+    patch_interpreter_scalars()  # a live GPU kernel may have NumPy >= 2.4, which the interpreter trips on
     try:
         # the interpreter computes with numpy: overflow/NaN of a wrong candidate is judged by the check itself
         with np.errstate(all="ignore"), warnings.catch_warnings(), _interpreted_stdlib():
