@@ -117,3 +117,26 @@ def test_interpreter_scalars_survive_numpy_2_4():
         else:  # pragma: no cover - a NumPy that still converts silently cannot show the failure
             pytest.skip("this NumPy converts one-element arrays to int without a warning")
         ex.check_visit(ex.visit_solution)
+
+
+def test_a_check_leaves_triton_as_a_gpu_process_needs_it():
+    """Live on a GPU, an exercise check runs its kernel in the interpreter, and a widget compiles GPU kernels
+    afterwards in the same process. Triton 3.6 re-patches ``tl.load``, ``tensor.__add__``, ... at every
+    nested interpreted call and never restores them (on the H200 the next GPU compile then failed with
+    "'block_argument' object has no attribute 'get_element_ty'"). In a fresh process that has chosen the
+    GPU backend (TRITON_INTERPRET unset), a check of a kernel with nested helper calls must leave every
+    attribute of Triton's language modules and of ``tl.tensor`` as it found it."""
+    from conftest import run_fresh_python
+    run_fresh_python(
+        "import sys, triton.language as tl\n"
+        "from sparseattn import _runtime\n"
+        "_runtime._BACKEND = 'cuda'\n"
+        "from sparseattn.exercises import ch05_prefill as ex\n"
+        "def snap():\n"
+        "    mods = [m for n, m in list(sys.modules.items()) if n.startswith('triton.language') and m]\n"
+        "    return {(id(o), k): v for o in mods + [tl.core.tensor] for k, v in list(vars(o).items())}\n"
+        "a = snap()\n"
+        "ex.check_online_softmax_step(ex.online_softmax_step_solution)\n"
+        "b = snap()\n"
+        "changed = [k for k in a if k in b and a[k] is not b[k]]\n"
+        "assert not changed, f'{len(changed)} Triton attributes left patched'\n")

@@ -75,7 +75,12 @@ def _interpreted_stdlib():
     """Triton's own ``@jit`` helpers (``tl.max``, ``tl.sum``, ``tl.zeros``, ...) are interpreted only when
     ``TRITON_INTERPRET`` was set before Triton was imported; on a GPU machine they are compiled-only, and an
     interpreted kernel that calls them fails. For the duration of a check, wrap them as interpreted functions,
-    then put the compiled ones back (the GPU kernels of the package keep compiling against those)."""
+    then put the compiled ones back (the GPU kernels of the package keep compiling against those).
+
+    Afterwards every attribute of Triton's language modules and of ``tl.tensor`` is put back as it was: Triton
+    3.6's interpreter patches those builtins (``tl.load``, ``tensor.__add__``, ...) again at each *nested*
+    device-function call (``InterpretedFunction.__call__``) and never restores them, so without this a GPU
+    kernel compiled later in the same process -- a live widget after an exercise -- fails to compile."""
     import sys
 
     import triton.language as tl
@@ -88,17 +93,22 @@ def _interpreted_stdlib():
     mods = {id(m): m for name, m in list(sys.modules.items())
             if m is not None and name.startswith("triton.language")}
     mods[id(tl)] = tl
-    saved = []
+    classes = [tl.core.tensor, getattr(tl.core, "tensor_descriptor_base", tl.core.tensor)]
+    before = [(owner, dict(vars(owner))) for owner in list(mods.values()) + classes]
     for mod in mods.values():
         for name, obj in list(vars(mod).items()):
             if isinstance(obj, JITFunction) and not isinstance(obj, InterpretedFunction):
-                saved.append((mod, name, obj))
                 setattr(mod, name, InterpretedFunction(obj.fn))
     try:
         yield
     finally:
-        for mod, name, obj in saved:
-            setattr(mod, name, obj)
+        for owner, attrs in before:
+            for name, value in list(vars(owner).items()):
+                if name not in attrs:
+                    if isinstance(owner, type):  # added by a patch (modules may gain lazily imported ones)
+                        delattr(owner, name)
+                elif value is not attrs[name]:
+                    setattr(owner, name, attrs[name])
 
 
 def _root_cause(e: BaseException) -> BaseException:
