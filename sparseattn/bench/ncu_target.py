@@ -1,8 +1,8 @@
 """A process for Nsight Compute: one backward of ours and one of FlexAttention's on the same block mask, each
 inside its own NVTX range (``ours``, ``flex``), after ``--warmup`` untimed calls; ``ncu`` picks the kernels
-by name (FlexAttention's generated kernels carry ``flex`` in theirs)::
+by name (FlexAttention's generated template kernels are ``triton_tem_*``)::
 
-    ncu --clock-control none --kernel-name regex:"dkdv_kernel|dq_kernel|flex" \\
+    ncu --clock-control none --kernel-name regex:"dkdv_kernel|dq_kernel|triton_tem|flex" \\
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
         python -m sparseattn.bench.ncu_target --pattern window1024 --n 32768 --warmup 0
 
