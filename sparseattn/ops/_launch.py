@@ -40,6 +40,26 @@ def check_kernel_tiles(name: str, layout: BlockLayout, **tiles) -> None:
                              f"{layout.block_q}x{layout.block_k} tiles, got {field}={value!r}")
 
 
+def check_launch_options(name: str, cfg, **optional) -> None:
+    """A config's launch options: ``num_warps`` a power of two from 1 to 32, ``num_stages`` an int >= 1, ``tma``
+    None or a bool; ``optional`` names more fields of those two kinds (``dq_num_warps=...``) that may also be
+    None (None: the pass takes the dK/dV pass's value)."""
+    fields = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, **optional}
+    for field, value in fields.items():
+        if value is None and field in optional:
+            continue
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if field.endswith("num_warps") and not (is_int and value in (1, 2, 4, 8, 16, 32)):
+            raise ValueError(f"{name}: {field} must be a power of two from 1 to 32"
+                             f"{' or None' if field in optional else ''}, got {value!r}")
+        if field.endswith("num_stages") and not (is_int and value >= 1):
+            raise ValueError(f"{name}: {field} must be an int >= 1{' or None' if field in optional else ''}, "
+                             f"got {value!r}")
+    tma = getattr(cfg, "tma", None)
+    if tma is not None and not isinstance(tma, bool):
+        raise ValueError(f"{name}: tma must be None (where the GPU has it), True or False, got {tma!r}")
+
+
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
