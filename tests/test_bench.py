@@ -14,6 +14,7 @@ import types
 import pytest
 import torch
 
+from sparseattn import BwdConfig
 from sparseattn.bench import _common as C
 from sparseattn.bench.record import BenchFile, Impl, Pass, Record, bench_filename, load, load_path
 
@@ -379,8 +380,7 @@ def test_prefill_suite_on_cpu(cpu_stand_ins, tmp_path):
 @STAND_IN_WARNINGS[1]
 def test_backward_suite_on_cpu(cpu_stand_ins):
     from sparseattn.bench import backward
-    records, table, cols = backward.run(_args(patterns="causal,sinks64+window1024,stripes(plain lambda)",
-                                              sweep=True))
+    records, table, cols = backward.run(_args(patterns="causal,sinks64+window1024,stripes(plain lambda)"))
     bf = _check_run(backward, records, table, cols, (Impl.OURS, Pass.BWD), (Impl.OURS_ATOMIC, Pass.BWD),
                     (Impl.OURS_NOSPLIT, Pass.BWD), (Impl.FLEX, Pass.BWD), (Impl.CUDNN, Pass.BWD),
                     (Impl.OURS, Pass.FWD_BWD), (Impl.OURS_BITS, Pass.BWD))
@@ -388,7 +388,35 @@ def test_backward_suite_on_cpu(cpu_stand_ins):
     assert bits.get("mask_path") == "bits" and bits.get("max_abs_vs_ours") < 5e-2
     assert bf.one(Impl.OURS, Pass.BWD, pattern="stripes(plain lambda)").get("mask_path").startswith("compiled: ")
     assert bf.one(Impl.OURS, Pass.BWD, pattern="causal").get("bitwise_repeatable") is True
-    assert len(backward.sweep_rows(records)) == len(backward.sweep_configs())  # causal only: N is the max
+    assert not backward.sweep_rows(records)
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_backward_per_pass_sweep_on_cpu(cpu_stand_ins, tmp_path):
+    """``backward --sweep`` on the CPU: two paired configs (TMA on and off, each pass its own launch options)
+    on two patterns, per-pass times from the launch timer, the best combination timed whole and written as
+    tuned defaults; its table names each pass's best config."""
+    from sparseattn.bench import backward
+    from sparseattn.bench.__main__ import write_outputs
+    dk = [dict(block_m=32, block_n=64, num_warps=4, num_stages=1)]
+    dq = [dict(dq_block_m=64, dq_block_n=32, dq_num_warps=2, dq_num_stages=2)]
+    cpu_stand_ins.setattr(backward, "pass_grid", lambda D: {True: (dk, dq), False: (dk, dq)})
+    cpu_stand_ins.setattr(backward, "REPS", 1)
+    args = _args(patterns="causal,documents64", sweep=True, budget_s=1e6, sweep_shapes=((1, 32),))
+    records, table, cols = backward.run(args)
+    assert cols == backward.SWEEP_COLUMNS and [r["pattern"] for r in table] == ["causal", "documents64"]
+    bf = _check_run(backward, records, table, cols, (Impl.OURS, Pass.BWD_DKDV), (Impl.OURS, Pass.BWD_DQ),
+                    (Impl.OURS, Pass.BWD), (Impl.FLEX, Pass.BWD))
+    parts = bf.select(Impl.OURS, Pass.BWD_DKDV, sweep=True, pattern="causal")
+    assert len(parts) == 2 and all(r.ms > 0 and r.get("stage_fallbacks") == [] for r in parts)
+    assert {r.extra["config"]["tma"] for r in parts} == {True, False}
+    assert all(r["best_dkdv"].startswith("32x64 w4 s1") and r["best_dq"].startswith("64x32 w2 s2") for r in table)
+    combined = [r for r in backward.sweep_rows(records) if r.get("combined")]
+    assert len(combined) == 2 and combined[0].extra["config"]["dq_num_warps"] == 2
+    write_outputs(backward, records, str(tmp_path), ENV, sweep=True, family="sm90")
+    rows = json.loads((tmp_path / "backward-defaults-h200.json").read_text())["families"]["sm90"]["bwd"]
+    assert rows[0]["max_head_dim"] == 32 and BwdConfig(**rows[0]["config"])
 
 
 @STAND_IN_WARNINGS[0]

@@ -37,6 +37,10 @@ def test_cached_launch_replays_the_arguments_triton_would_bind(monkeypatch, tmp_
         k, v = (torch.randn(1, 1, n, 32, requires_grad=True) for _ in range(2))
         for deterministic in (True, False):
             sa.sparse_attention(q, k, v, layout, bwd_config=bwd, deterministic=deterministic).sum().backward()
+    # each pass with its own launch config, loading through tensor descriptors
+    per_pass = BwdConfig(block_m=32, block_n=64, dq_block_m=64, dq_block_n=32, num_warps=4, num_stages=1,
+                         dq_num_warps=2, dq_num_stages=2, tma=True)
+    sa.sparse_attention(q, k, v, layout, bwd_config=per_pass).sum().backward()
     layout = BlockLayout.from_mask_mod(P.causal(), 256, 256, 64, 64)
     x = torch.randn(1, 1, 256, 32)
     sa.sparse_attention(x, x, x, layout, config=FwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1,
@@ -51,6 +55,15 @@ def test_cached_launch_replays_the_arguments_triton_would_bind(monkeypatch, tmp_
     assert {"sparse_fwd_kernel", "delta_kernel", "dkdv_kernel", "column_reduce_kernel", "dq_kernel",
             "merge_rows_kernel", "decode_split_kernel", "merge_splits_kernel"} <= names, names
     assert any(c[3] is not None for c in calls) and any(c[3] is None for c in calls)
+    # the per-pass options reached the launches: the dK/dV pass 4 warps 1 stage, the dQ pass 2 warps 2 stages,
+    # both with descriptors of their own kernel tiles (Q/dO in the pass's query rows, K/V in its key rows)
+    dkdv, dq = [next(c for c in reversed(calls) if c[0] == name) for name in ("dkdv_kernel", "dq_kernel")]
+    assert (dkdv[2], dkdv[3]["num_warps"], dq[2], dq[3]["num_warps"]) == (1, 4, 2, 2)
+    for call, rows_q, rows_k in ((dkdv, 32, 64), (dq, 64, 32)):
+        d = call[4]
+        assert [list(d[f"desc_{n}"].block_shape) for n in ("q", "do", "k", "v")] == \
+            [[1, 1, rows_q, 32]] * 2 + [[1, 1, rows_k, 32]] * 2
+    assert all(c[4]["desc_q"] is None for c in calls if c[0] in ("dkdv_kernel", "dq_kernel") and c not in (dkdv, dq))
     path = tmp_path / "launches.pt"
     torch.save(calls, path)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

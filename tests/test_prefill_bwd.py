@@ -104,3 +104,34 @@ def test_batched_documents():
     layout = BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.document(docs)), 100, 100, 32, 32, B=2,
                                        device="cpu")
     check_grads(layout, *(rand(2, 2, 100, 32) for _ in range(3)))
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", ["sinks+window", "document"])
+def test_tma_loads_both_passes(name, dtype, deterministic):
+    """``tma=True`` runs both passes through tensor descriptors in the interpreter (``load_rows``' TMA branch:
+    rows past the end zero-filled by the descriptor), GQA, lengths that end inside a tile, each pass with its
+    own launch options; same gradients as the fp64 reference."""
+    L = 150
+    layout = BlockLayout.from_mask_mod(PATTERNS[name], L, L, 32, 32, device="cpu")
+    cfg = BwdConfig(block_m=16, block_n=32, dq_block_m=32, dq_block_n=16, num_warps=4, num_stages=1, chunk=2,
+                    dq_num_warps=2, dq_num_stages=2, tma=True)
+    q = rand(1, 4, L, 32, dtype=dtype)
+    k, v = (rand(1, 2, L, 32, dtype=dtype) for _ in range(2))
+    check_grads(layout, q, k, v, deterministic=deterministic, bwd_config=cfg)
+
+
+@pytest.mark.parametrize("field,value", [("num_warps", 3), ("num_stages", 0), ("dq_num_warps", 6),
+                                         ("dq_num_warps", True), ("dq_num_stages", 0), ("dq_num_stages", 1.5),
+                                         ("tma", "yes")])
+def test_bad_launch_options_name_the_field(field, value):
+    layout = BlockLayout.from_mask_mod(P.causal(), 64, 64, 32, 32, device="cpu")
+    base = dict(block_m=16, block_n=32, dq_block_m=32, dq_block_n=16, num_warps=4, num_stages=1)
+    x = rand(1, 1, 64, 32)
+    with pytest.raises(ValueError, match=f"bwd_config: {field} must be"):
+        sa.sparse_attention(x, x, x, layout, bwd_config=BwdConfig(**{**base, field: value}))
+    fwd_field = field.replace("dq_", "")
+    with pytest.raises(ValueError, match=f"config: {fwd_field} must be"):
+        sa.sparse_attention(x, x, x, layout, config=sa.FwdConfig(
+            **{**dict(block_m=32, block_n=32, num_warps=4, num_stages=1), fwd_field: value}))

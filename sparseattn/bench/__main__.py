@@ -69,8 +69,8 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated: window, sinks_window, block_random, documents, routing (default: all)")
     g.add_argument("--keep-n", default=None, help="comma-separated lengths of the kept-fraction families")
     g.add_argument("--budget-s", type=float, default=500.0,
-                   help="stop starting FlexAttention compiles and new points when this many seconds have passed "
-                        "(default: %(default)s)")
+                   help="stop starting FlexAttention compiles and new points (crossover), or new configs "
+                        "(backward --sweep), when this many seconds have passed (default: %(default)s)")
     g.add_argument("--merge", default=None,
                    help="an earlier crossover file of the same GPU: its rows of the parts not measured now are kept")
     return ap

@@ -63,6 +63,8 @@ class Pass:
     SELECT_DECODE = "select+decode"  #: page selection then decode, eager
     SELECT_DECODE_GRAPH = "select+decode (CUDA graph)"  #: the same step replayed from one CUDA graph
     SWEEP = "sweep"  #: one decode tile/split config of a sweep
+    BWD_DKDV = "bwd dK/dV pass"  #: device time of the backward's dK/dV pass (its kernel and its column sums)
+    BWD_DQ = "bwd dQ pass"  #: device time of the backward's dQ pass (its kernel and its split-row sums)
     READ = "read"  #: a streaming read of the K/V bytes
     ROUTE = "route"  #: content routing: pooled scores and the top-k per query block (no index yet)
     INDEX = "index"  #: the index a routed selection needs before attention (transposed lists; Flex's BlockMask)
@@ -73,7 +75,7 @@ class Pass:
     #: every name above
     ALL = frozenset({FWD, BWD, FWD_BWD, FWD_GRAPH, LAYOUT, TRANSPOSE, DECODE, DECODE_DENSE, DECODE_BLOCK_MASK,
                      DECODE_GRAPH,
-                     SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, READ, ROUTE, INDEX, STEP, STEP_GRAPH,
+                     SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, BWD_DKDV, BWD_DQ, READ, ROUTE, INDEX, STEP, STEP_GRAPH,
                      TRAIN_STEP, TRAIN_STEP_GRAPH})
 
 

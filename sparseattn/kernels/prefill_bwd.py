@@ -15,17 +15,22 @@ Long columns (a sink key tile is visited by every query tile) are cut into chunk
 listed query tiles; chunks write partial dK/dV to a workspace that is summed in a fixed order afterwards.
 
 Each pass walks partial tiles (token mask) and full tiles (no mask) through one helper with a ``MASKED`` flag.
+
+Tile loads go through :func:`~sparseattn.kernels._common.load_rows`: with tensor descriptors (``USE_TMA``, set
+when ``desc_q`` is given; Hopper and later) the copy engine fetches the rows and zero-fills past the sequence
+end; without them (``desc_*`` None: older GPUs, the interpreter by default) plain masked loads. The dK/dV pass
+loads K/V once per program and Q/dO at every step; the dQ pass loads Q/dO once and K/V at every step.
 """
 import torch
 import triton
 import triton.language as tl
 
-from ._common import (doc_ids, doc_row, load_lse_base2, load_merge_entry, load_task, row_slot_base, row_slot_rows,
-                      row_tile_mask, tile_mask)
+from ._common import (doc_ids, doc_row, load_lse_base2, load_merge_entry, load_rows, load_task, row_slot_base,
+                      row_slot_rows, row_tile_mask, tile_mask)
 
 
 @triton.jit
-def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
+def _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_qm, stride_dom, stride_dqm, COL_INDEX, SLOTS, col, col_width, lo, hi,
                 offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                 Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
@@ -33,12 +38,11 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
                 HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
                 HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr):
     """Accumulate dK, dV ``[BN, D]`` of one key sub-tile over the query tiles at positions ``[lo, hi)`` of its
     column list ``COL_INDEX[col]``. Tiles are handled transposed (``[BN keys, BM queries]``) so dK and dV
     come out of the dots without a transpose."""
     SUB_M: tl.constexpr = BLOCK_Q // BLOCK_M
-    offs_d = tl.arange(0, HEAD_DIM)
     for it in range(lo * SUB_M, hi * SUB_M):
         pos = it // SUB_M
         qi = tl.load(COL_INDEX + col * col_width + pos)
@@ -59,8 +63,8 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
                                 BLOCK_K, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, USE_FN)  # [BN, BM]
             allowed = allowed & n_ok[:, None]
         m_ok = offs_m < Lq
-        b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
-        b_do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+        b_q = load_rows(desc_q, q_base, m_start, stride_qm, b, hq, Lq, BLOCK_M, HEAD_DIM, USE_TMA, True)  # [BM, D]
+        b_do = load_rows(desc_do, do_base, m_start, stride_dom, b, hq, Lq, BLOCK_M, HEAD_DIM, USE_TMA, True)
         b_lse = load_lse_base2(lse_base, offs_m, m_ok)
         b_delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
         b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)  # [BN, BM] = (Q K^T)^T
@@ -74,8 +78,8 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
         b_dk = tl.dot(b_dst.to(b_q.dtype), b_q, b_dk, input_precision=DOT_PRECISION)  # [BN, D]
         if ATOMIC_DQ:
             b_dq = tl.dot(tl.trans(b_dst.to(b_k.dtype)), b_k, input_precision=DOT_PRECISION)  # [BM, D]
-            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], b_dq, mask=m_ok[:, None],
-                          sem="relaxed")
+            p_dq = dq_base + offs_m[:, None] * stride_dqm + tl.arange(0, HEAD_DIM)[None, :]  # [BM, D]
+            tl.atomic_add(p_dq, b_dq, mask=m_ok[:, None], sem="relaxed")
     return b_dk, b_dv
 
 
@@ -86,11 +90,12 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_
     "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
     "USE_FN": lambda a: a["MASK_FN"] is not None,
     "ATOMIC_DQ": lambda a: a["DQ_ACC"] is not None,
+    "USE_TMA": lambda a: a["desc_q"] is not None,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
 })
 @triton.jit
 def dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
@@ -102,7 +107,7 @@ def dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # ---- work item: key sub-tile, which chunk of its column, where the result goes --------------------------
     w = tl.program_id(0)
@@ -120,8 +125,8 @@ def dkdv_kernel(
     n_ok = offs_n < Lk
     k_base = K + b.to(tl.int64) * stride_kb + hkv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + hkv.to(tl.int64) * stride_vh
-    b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=n_ok[:, None], other=0.0)  # [BN, D]
-    b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    b_k = load_rows(desc_k, k_base, n_start, stride_kn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, True)  # [BN, D]
+    b_v = load_rows(desc_v, v_base, n_start, stride_vn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, True)
     b_dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     b_dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     DOC_ROW = doc_row(DOC, b, stride_doc_b, HAS_DOC)
@@ -144,22 +149,24 @@ def dkdv_kernel(
         delta_base = DELTA + (b * Hq + hq).to(tl.int64) * Lq
         row_base = (lb * LH + lh) * n_qtiles
         RS_ROW = row_slot_base(ROW_SLOT, lb, lh, LH, Lq, W, HAS_ROW_SLOT)  # member bits of this layout head
-        b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
+        b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, lse_base,
+                                 delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, Q_INDEX, Q_SLOT, col, WT,
                                  tl.minimum(lo, n_partial), tl.minimum(hi, n_partial),
                                  offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, True, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN)
-        b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, q_base, do_base, lse_base, delta_base, dq_base,
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA)
+        b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, lse_base,
+                                 delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, FULL_Q_INDEX, Q_SLOT, col, FWT,
                                  tl.maximum(lo, n_partial) - n_partial, tl.maximum(hi, n_partial) - n_partial,
                                  offs_n, n_ok, n_start, doc_k, DOC_ROW, BITS, row_base, W, n_qtiles,
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, False, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA)
 
     b_dk = b_dk * scale
     if ws_slot < 0:
@@ -175,17 +182,18 @@ def dkdv_kernel(
 
 
 @triton.jit
-def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, COUNT, INDEX, row, width,
+def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, desc_k, desc_v, b, hkv, k_base, v_base, stride_kn, stride_vn,
+              COUNT, INDEX, row, width,
               lo, hi, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
               band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
               lb, lh, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
-              HAS_ROW_SLOT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr):
+              HAS_ROW_SLOT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr,
+              USE_TMA: tl.constexpr):
     """Accumulate dQ ``[BM, D]`` over the key tiles listed at positions ``[lo, hi)`` of ``INDEX[row]``, clipped
     to the ``COUNT[row]`` tiles this head lists (a split task's range follows the longest head)."""
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
-    offs_d = tl.arange(0, HEAD_DIM)
     n_tiles = tl.minimum(tl.load(COUNT + row), hi)
     for it in range(lo * SUB, n_tiles * SUB):
         slot = it // SUB
@@ -193,8 +201,8 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
         offs_n = n_start + tl.arange(0, BLOCK_N)  # [BN]
         n_ok = offs_n < Lk
-        b_k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        b_v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        b_k = load_rows(desc_k, k_base, n_start, stride_kn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, True)  # [BN, D]
+        b_v = load_rows(desc_v, v_base, n_start, stride_vn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, True)
         if MASKED:  # the mask first: its loads overlap the dot below
             allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, row.to(tl.int64) * width + slot,
                                     BITS, DOC_ROW, Lk, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
@@ -221,10 +229,11 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride
     "USE_FN": lambda a: a["MASK_FN"] is not None,
     "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
     "SPLIT": lambda a: a["TASKS"] is not None,
+    "USE_TMA": lambda a: a["desc_q"] is not None,
 })
 @triton.jit
 def dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_cap,
+    Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_cap, desc_q, desc_k, desc_v, desc_do,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
@@ -234,7 +243,7 @@ def dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -263,8 +272,8 @@ def dq_kernel(
     do_base = DO + b.to(tl.int64) * stride_dob + hq.to(tl.int64) * stride_doh
     k_base = K + b.to(tl.int64) * stride_kb + hkv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + hkv.to(tl.int64) * stride_vh
-    b_q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok[:, None], other=0.0)  # [BM, D]
-    b_do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+    b_q = load_rows(desc_q, q_base, m_start, stride_qm, b, hq, Lq, BLOCK_M, HEAD_DIM, USE_TMA, True)  # [BM, D]
+    b_do = load_rows(desc_do, do_base, m_start, stride_dom, b, hq, Lq, BLOCK_M, HEAD_DIM, USE_TMA, True)
     b_lse = load_lse_base2(LSE + bh.to(tl.int64) * Lq, offs_m, m_ok)
     b_delta = tl.load(DELTA + bh.to(tl.int64) * Lq + offs_m, mask=m_ok, other=0.0)
     b_dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -275,19 +284,21 @@ def dq_kernel(
     # slots count the partial list, then the full list: slot s >= KV_COUNT[row] is full tile s - KV_COUNT[row]
     kv_n = tl.load(KV_COUNT + row)
 
-    b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, KV_COUNT, KV_INDEX,
+    b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, desc_k, desc_v, b, hkv, k_base, v_base, stride_kn, stride_vn,
+                     KV_COUNT, KV_INDEX,
                      row, W, slot_lo, slot_hi, offs_m_abs, row_in_tile, doc_q, DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
-                     DOT_PRECISION, USE_FN)
-    b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, k_base, v_base, stride_kn, stride_vn, FULL_COUNT, FULL_INDEX,
+                     DOT_PRECISION, USE_FN, USE_TMA)
+    b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, desc_k, desc_v, b, hkv, k_base, v_base, stride_kn, stride_vn,
+                     FULL_COUNT, FULL_INDEX,
                      row, FW, tl.maximum(slot_lo - kv_n, 0), slot_hi - kv_n, offs_m_abs, row_in_tile, doc_q,
                      DOC_ROW, BITS, Lk, scale_log2,
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
-                     DOT_PRECISION, USE_FN)
+                     DOT_PRECISION, USE_FN, USE_TMA)
 
     dq_ptrs = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqm
     if SPLIT:

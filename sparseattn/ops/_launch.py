@@ -40,6 +40,26 @@ def check_kernel_tiles(name: str, layout: BlockLayout, **tiles) -> None:
                              f"{layout.block_q}x{layout.block_k} tiles, got {field}={value!r}")
 
 
+def check_launch_options(name: str, cfg, **optional) -> None:
+    """A config's launch options: ``num_warps`` a power of two from 1 to 32, ``num_stages`` an int >= 1, ``tma``
+    None or a bool; ``optional`` names more fields of those two kinds (``dq_num_warps=...``) that may also be
+    None (None: the pass takes the dK/dV pass's value)."""
+    fields = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, **optional}
+    for field, value in fields.items():
+        if value is None and field in optional:
+            continue
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if field.endswith("num_warps") and not (is_int and value in (1, 2, 4, 8, 16, 32)):
+            raise ValueError(f"{name}: {field} must be a power of two from 1 to 32"
+                             f"{' or None' if field in optional else ''}, got {value!r}")
+        if field.endswith("num_stages") and not (is_int and value >= 1):
+            raise ValueError(f"{name}: {field} must be an int >= 1{' or None' if field in optional else ''}, "
+                             f"got {value!r}")
+    tma = getattr(cfg, "tma", None)
+    if tma is not None and not isinstance(tma, bool):
+        raise ValueError(f"{name}: tma must be None (where the GPU has it), True or False, got {tma!r}")
+
+
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -224,7 +244,51 @@ def with_smaller_tiles(run, cfg, fallbacks):
 Static = _fast_launch.Static
 
 
+_TIMED: Optional[list] = None
+
+
+@contextlib.contextmanager
+def timed_launches():
+    """Within the block, every :func:`launch` appends ``(kernel name, start, end)`` to the yielded list: CUDA
+    events recorded around the launch on the current stream (device time; read with :func:`elapsed_ms` after
+    a synchronize), or ``time.perf_counter()`` seconds in the interpreter. The backward sweep times each pass
+    with it."""
+    global _TIMED
+    before, _TIMED = _TIMED, []
+    try:
+        yield _TIMED
+    finally:
+        _TIMED = before
+
+
+def elapsed_ms(entry) -> float:
+    """Milliseconds between the start and the end of a :func:`timed_launches` entry."""
+    _, start, end = entry
+    if isinstance(start, float):
+        return (end - start) * 1e3
+    return start.elapsed_time(end)
+
+
 def launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **kwargs):
+    """Launch as :func:`_launch` does; inside :func:`timed_launches`, also record the launch's start and end."""
+    if _TIMED is None:
+        return _launch(kernel, grid, num_stages=num_stages, static=static, **kwargs)
+    import time
+    timed = _TIMED
+    name = getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
+    cuda = not _runtime.is_interpreter()
+    start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
+    if cuda:
+        start.record()
+    out = _launch(kernel, grid, num_stages=num_stages, static=static, **kwargs)
+    end = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
+    if cuda:
+        end.record()
+    timed.append((name, start, end))
+    return out
+
+
+def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **kwargs):
     """``kernel[grid](**static, **kwargs)``; if the tile config needs more shared memory than the GPU has (the
     bit-mask path adds a buffer), retry with fewer pipeline stages. On the GPU, a call whose arguments
     specialise as an earlier call's did skips Triton's argument binding (:mod:`._fast_launch`; ``static``:
@@ -244,6 +308,11 @@ def kept(args: Static, layout: BlockLayout) -> dict:
     return dict(args) if layout.dynamic else {"static": args}
 
 
+#: ``(kernel name, stages now tried)`` each time a launch retried with fewer pipeline stages for lack of shared
+#: memory (the sweep reads it: a config that fell back did not run the stages it names).
+STAGE_FALLBACKS: list = []
+
+
 def _launch_retrying(kernel, grid, num_stages: int, kwargs: dict):
     import triton
     kwargs = {k: v for k, v in kwargs.items() if k != "num_stages"}
@@ -254,6 +323,7 @@ def _launch_retrying(kernel, grid, num_stages: int, kwargs: dict):
             if num_stages <= 1:
                 raise
             num_stages -= 1
+            STAGE_FALLBACKS.append((getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel)), num_stages))
 
 
 def strides(prefix: str, t: Optional[torch.Tensor], row: str) -> dict:

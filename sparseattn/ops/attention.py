@@ -37,6 +37,7 @@ def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
             raise TypeError(f"config must be a FwdConfig or None, got {type(config).__name__}")
         L.check_kernel_tiles("config", layout, block_m=config.block_m, block_n=config.block_n)
         check_split("config", config.split, config.persistent)
+        L.check_launch_options("config", config)
     if bwd_config is not None:
         if not isinstance(bwd_config, BwdConfig):
             raise TypeError(f"bwd_config must be a BwdConfig or None, got {type(bwd_config).__name__}")
@@ -50,6 +51,8 @@ def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
                 isinstance(dq_split, bool) or not isinstance(dq_split, int) or dq_split < 1):
             raise ValueError(f"bwd_config: dq_split must be None (one program per dQ row), 'auto' or an int >= 1 "
                              f"(listed tiles per task), got {dq_split!r}")
+        L.check_launch_options("bwd_config", bwd_config, dq_num_warps=bwd_config.dq_num_warps,
+                               dq_num_stages=bwd_config.dq_num_stages)
     check_device(q)
     return scale
 

@@ -127,8 +127,10 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     ws_v = torch.empty_like(ws_k)
     dq_acc = None if deterministic else torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32)
     tensors = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta)
+    tma = st["tma"] and L.tma_ok(q, k, v, do)  # each call checks its tensors' alignment
     L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], **L.kept(st["dkdv"], layout), DK=dk, DV=dv,
-             DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors, num_stages=cfg.num_stages)
+             DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors, **_descriptors(q, k, v, do, cfg.block_m, cfg.block_n, tma),
+             num_stages=cfg.num_stages)
     if plan.reduce.shape[0]:  # fixed-order sum of the chunks of split columns (no host sync)
         L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], **L.kept(st["reduce"], layout),
                  WS_K=ws_k, WS_V=ws_v, DK=dk, DV=dv, num_stages=1)
@@ -140,7 +142,7 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
         TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
     grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
     L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **L.kept(st["dq"], layout), **tasks, DQ=dq, **tensors,
-             num_stages=cfg.num_stages)
+             **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma), num_stages=cfg.dq_stages)
     if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
         block_d = min(D, 64)
         L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
@@ -150,10 +152,23 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     return dq, dk, dv
 
 
+def _descriptors(q, k, v, do, block_m: int, block_n: int, tma: bool) -> dict:
+    """One pass's tensor descriptors: Q and dO in ``block_m`` rows, K and V in ``block_n`` rows (the pass's
+    kernel tiles), or all None (the kernels' pointer path)."""
+    if not tma:
+        return dict(desc_q=None, desc_k=None, desc_v=None, desc_do=None)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    D = q.shape[-1]
+    return {f"desc_{name}": TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D])
+            for name, t, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("do", do, block_m))}
+
+
 def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float, deterministic: bool,
                    cfg: BwdConfig) -> dict:
     """The backward kernels' arguments that do not change between calls on the same layout, shapes, strides,
-    config and scale, their grids, and the dK/dV work plan."""
+    config and scale, their grids, the dK/dV work plan, and whether the passes may load through tensor
+    descriptors (``BwdConfig.tma``: None on a GPU of compute capability 9 or more, True also in the
+    interpreter; each call still checks its tensors' alignment)."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     heads = L.head_kwargs(layout, Hq, Hkv)
@@ -163,7 +178,7 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
                   **L.strides("do", do, "m"), **L.mask_kwargs(layout, B), Hq=Hq, group=heads["group"],
                   LB=layout.B, LH=layout.H, lh_div=heads["lh_div"], n_qtiles=layout.nq, W=layout.width,
                   Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale=scale, scale_log2=scale * LOG2E,
-                  HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, num_warps=cfg.num_warps)
+                  HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k)
     # the atomic path's float32 dQ accumulator is a contiguous [B, Hq, Lq, D] (no accumulator: strides 0)
     acc = (0, 0, 0) if deterministic else (Hq * Lq * D, Lq * D, D)
     dkdv = L.Static(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"),
@@ -171,7 +186,7 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
                     Q_COUNT=t.q_count, Q_INDEX=t.q_index, Q_SLOT=t.q_slot, FULL_Q_COUNT=t.full_q_count,
                     FULL_Q_INDEX=t.full_q_index, WORK=plan.work, Hkv=Hkv, n_ktiles=layout.nk,
                     WT=t.q_index.shape[-1], FWT=t.full_q_index.shape[-1], chunk=plan.chunk, n_ws=max(plan.n_ws, 1),
-                    **common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+                    **common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     block_d = min(D, 64)
     reduce = L.Static(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"), REDUCE=plan.reduce,
                       ws_cap=max(plan.n_ws, 1), Hkv=Hkv, Lk=Lk, HEAD_DIM=D, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
@@ -179,9 +194,13 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
     dq_kw = None if dq is None else L.Static(
         **L.strides("dq", dq, "m"), KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index,
         FULL_COUNT=layout.full_count, FULL_INDEX=layout.full_index, FW=layout.full_width, **common,
-        BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n)
+        BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, num_warps=cfg.dq_warps)
     delta_m = 64
-    return dict(plan=plan, dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
+    if _runtime.is_interpreter():
+        tma = cfg.tma is True
+    else:
+        tma = cfg.tma is not False and torch.cuda.get_device_capability(q.device)[0] >= 9
+    return dict(plan=plan, tma=tma, dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
                 reduce=reduce, reduce_grid=(plan.reduce.shape[0], B * Hkv, D // block_d),
                 delta=L.Static(**{f"stride_o{n}": o.stride(i) for i, n in enumerate("bhm")},
                                **{f"stride_do{n}": do.stride(i) for i, n in enumerate("bhm")},

@@ -59,7 +59,13 @@ class BwdConfig:
     program per query sub-tile over its whole row; an int or ``"auto"`` runs the tasks of
     :func:`sparseattn.balance.plan` for ``dq_block_m`` rows, long rows' chunks writing float32 partial dQ that
     are summed in chunk order (deterministic). Only the deterministic path has a dQ pass; the atomic path
-    (``deterministic=False``) forms dQ inside the dK/dV pass and ignores ``dq_split``."""
+    (``deterministic=False``) forms dQ inside the dK/dV pass and ignores ``dq_split``.
+
+    ``num_warps``/``num_stages`` launch the dK/dV pass; ``dq_num_warps``/``dq_num_stages`` the dQ pass (None:
+    the dK/dV pass's values). The two passes hold different tiles resident, so their best launch configs differ
+    (``python -m sparseattn.bench backward --sweep`` times each pass's configs separately). ``tma`` as
+    ``FwdConfig.tma``: None loads tiles through tensor descriptors (TMA) in both passes on a GPU that has them
+    (Hopper and later) when the strides allow, False never, True also in the Triton interpreter (tests)."""
     block_m: int
     block_n: int
     dq_block_m: int
@@ -68,6 +74,19 @@ class BwdConfig:
     num_stages: int
     chunk: Optional[int] = None
     dq_split: Union[int, str, None] = None
+    dq_num_warps: Optional[int] = None
+    dq_num_stages: Optional[int] = None
+    tma: Optional[bool] = None
+
+    @property
+    def dq_warps(self) -> int:
+        """The dQ pass's ``num_warps`` (``dq_num_warps``, else the dK/dV pass's)."""
+        return self.num_warps if self.dq_num_warps is None else self.dq_num_warps
+
+    @property
+    def dq_stages(self) -> int:
+        """The dQ pass's ``num_stages`` (``dq_num_stages``, else the dK/dV pass's)."""
+        return self.num_stages if self.dq_num_stages is None else self.dq_num_stages
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from .. import patterns as P
 from ..layout import BlockLayout
 from ..paged import PagedKVCache
 
-__all__ = ["PREFILL_PATTERNS", "MASKC_PATTERNS", "stripes_mask",
+__all__ = ["PREFILL_PATTERNS", "MASKC_PATTERNS", "EXTRA_PATTERNS", "documents_ids", "stripes_mask",
            "prefill_mask_mod", "prefill_layout", "random_diag_layout", "dense_pattern_of", "ENVELOPES",
            "LAYOUT_PATTERNS", "layout_mask_mod", "decode_setup"]
 
@@ -55,6 +55,22 @@ _PREFILL_MASK_MODS: Dict[str, Callable] = {
 }
 
 
+#: Issue 13's backward rows that need the length (documents) or a window off the tile grid; measured by the
+#: backward sweep, not in the recorded figures' pattern list.
+EXTRA_PATTERNS = ["documents64", "window333"]
+
+
+def documents_ids(N: int, n_docs: int = 64, seed: int = 0, device="cpu") -> torch.Tensor:
+    """Document ids ``[N]`` of ``n_docs`` documents of random lengths packed into one sequence: the cuts are
+    ``n_docs - 1`` distinct random positions drawn with a seeded CPU generator (every device gets the same
+    documents)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    cuts = torch.randperm(N - 1, generator=g)[: n_docs - 1] + 1
+    starts = torch.zeros(N, dtype=torch.int64)
+    starts[cuts] = 1
+    return starts.cumsum(0).to(device)
+
+
 def prefill_mask_mod(pattern: str):
     """The mask_mod of a token-level prefill pattern (``dense`` and every pattern but the block-level
     ``random10%+diag``)."""
@@ -79,8 +95,14 @@ def prefill_layout(pattern: str, N: int, block: int = 128, device="cuda") -> Blo
     (``"dense"`` too: the envelope the dense baselines cover)."""
     if pattern == "random10%+diag":
         return random_diag_layout(N, 0.10, block, seed=0, device=device)
+    if pattern == "documents64":  # causal inside each of 64 random-length documents
+        mm = P.and_masks(P.causal(), P.document(documents_ids(N, device=device)))
+        return BlockLayout.from_mask_mod(mm, N, N, block, block, device=device)
+    if pattern == "window333":
+        return BlockLayout.from_mask_mod(P.sliding_window(333), N, N, block, block, device=device)
     if pattern not in _PREFILL_MASK_MODS:
-        raise ValueError(f"pattern must be one of {['dense'] + PREFILL_PATTERNS + MASKC_PATTERNS}, got {pattern!r}")
+        raise ValueError(f"pattern must be one of {['dense'] + PREFILL_PATTERNS + MASKC_PATTERNS + EXTRA_PATTERNS}, "
+                         f"got {pattern!r}")
     return BlockLayout.from_mask_mod(prefill_mask_mod(pattern), N, N, block, block, device=device)
 
 
@@ -94,7 +116,7 @@ def dense_pattern_of(pattern: str) -> str:
     """The dense baseline doing the same work as a pattern's envelope: ``"causal"`` for the patterns inside the
     causal triangle (causal, windows, sinks + window), else ``"dense"`` (the case pattern of the cuDNN/FA2
     rows)."""
-    if pattern in MASKC_PATTERNS:  # both lie inside the causal triangle
+    if pattern in MASKC_PATTERNS or pattern in EXTRA_PATTERNS:  # all inside the causal triangle
         return "causal"
     if pattern not in ENVELOPES:
         raise ValueError(f"pattern must be one of {sorted(ENVELOPES)}, got {pattern!r}")

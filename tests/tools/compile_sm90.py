@@ -88,11 +88,20 @@ def compiled_kind(fn, types):
 
 
 NO_SPLIT = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, PERSISTENT=False)
+NO_DESC = dict(desc_q=None, desc_k=None, desc_v=None, desc_do=None)
 
 
-def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True):
+def descriptors(rows_qdo: int, rows_kv: int, d: int = 128) -> dict:
+    """Signature types of one backward pass's bf16 tensor descriptors (Q and dO in ``rows_qdo`` rows, K and V
+    in ``rows_kv``), as Triton writes them for a host-side ``TensorDescriptor`` with that block shape."""
+    return {f"desc_{n}": f"tensordesc<bf16[1,1,{rows_qdo if n in 'qdo' else rows_kv},{d}]>"
+            for n in ("q", "k", "v", "do")}
+
+
+def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, tma=False):
     """The forward (head dims ``dims``; with ``split``, also the split and the persistent split forward) and,
-    with ``backward``, the dK/dV (both dQ modes) and dQ kernels."""
+    with ``backward``, the dK/dV (both dQ modes) and dQ kernels (with ``tma``, also through tensor
+    descriptors)."""
     extra = {k: v for k, v in (("BITS", U8), ("DOC", I32), ("ROW_SLOT", U8)) if k not in mask}
     extra.update(cap_ptrs)
     fwd = dict(Q=BF16, K=BF16, V=BF16, O=BF16, LSE=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32,
@@ -112,17 +121,25 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True):
                    Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32, **extra,
                    **({"DQ_ACC": F32} if atomic else {}))
         yield prefill_bwd.dkdv_kernel, bwd, ("scale", "scale_log2"), dict(
-            HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask,
+            HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask, **NO_DESC,
             **({} if atomic else {"DQ_ACC": None}))
+        if tma:  # the same pass loading through tensor descriptors (BwdConfig.tma)
+            yield prefill_bwd.dkdv_kernel, {**bwd, **descriptors(64, 128)}, ("scale", "scale_log2"), dict(
+                HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask,
+                **({} if atomic else {"DQ_ACC": None}))
     if backward:
         dq = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DQ=BF16, KV_COUNT=I32, KV_INDEX=I32,
                   FULL_COUNT=I32, FULL_INDEX=I32, **extra)
         yield prefill_bwd.dq_kernel, dq, ("scale", "scale_log2"), dict(
             HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, TASKS=None, N_TASKS=None, WS_DQ=None,
+            **mask, **NO_DESC)
+    if backward and tma:
+        yield prefill_bwd.dq_kernel, {**dq, **descriptors(128, 64)}, ("scale", "scale_log2"), dict(
+            HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, TASKS=None, N_TASKS=None, WS_DQ=None,
             **mask)
     if backward and split:  # the split dQ pass (BwdConfig.dq_split): tasks of balance.plan, float32 partial dQ
         yield prefill_bwd.dq_kernel, {**dq, "TASKS": I32, "N_TASKS": I32, "WS_DQ": F32}, ("scale", "scale_log2"), \
-            dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask)
+            dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask, **NO_DESC)
 
 
 def variants():
@@ -132,7 +149,7 @@ def variants():
         "bits": dict(sink_n=0, DOC=None, ROW_SLOT=None), "documents": dict(sink_n=0, BITS=None, ROW_SLOT=None),
         "member": dict(sink_n=0, BITS=None, DOC=None)}.items()]
     for kind, mask, cap_ptrs in mask_kinds:
-        yield from prefill_variants(mask, cap_ptrs)
+        yield from prefill_variants(mask, cap_ptrs, tma=kind in ("predicate+sinks", "documents"))
     # compiled mask_mods: the one with captures through every prefill kernel, the others through the forward
     compiled = compiled_masks()
     for i, (name, fn, types) in enumerate(compiled):
