@@ -138,11 +138,14 @@ def test_versus_dry_run_on_cpu(cpu_stand_ins, tmp_path):
 @STAND_IN_WARNINGS[0]
 @STAND_IN_WARNINGS[1]
 def test_versus_skips_rows_the_budget_cannot_cover(cpu_stand_ins, tmp_path):
-    """With 25 s left a backward row (estimate ~32 s) is recorded as skipped, the cheaper row after it
-    still runs."""
+    """With less time left than a backward row's estimate, it is recorded as skipped; the cheaper short forward
+    row after it still runs."""
+    bwd, fwd = V.select_rows("bwd-window333,fwd-window1024-n1024")
+    left = (V.estimate_s(bwd) + V.estimate_s(fwd)) / 2
+    assert V.estimate_s(fwd) + 5 < left < V.estimate_s(bwd)
     cpu_stand_ins.setattr(V, "ROWS", [_tiny(r) for r in V.ROWS])
-    args = _args(n=V.DEFAULT_N, rows="bwd-window333,fwd-window1024-n1024", out=str(tmp_path), budget_s=V.C.RESERVE_S + 25.0,
-                 meta={})
+    args = _args(n=V.DEFAULT_N, rows="bwd-window333,fwd-window1024-n1024", out=str(tmp_path),
+                 budget_s=V.C.RESERVE_S + left, meta={})
     records, table, _ = V.run(args)
     skipped = [r for r in records if r.ms is None]
     assert {(r.impl, r.pass_) for r in skipped} == {(Impl.OURS, Pass.BWD), (Impl.OURS_ATOMIC, Pass.BWD)}
@@ -151,3 +154,25 @@ def test_versus_skips_rows_the_budget_cannot_cover(cpu_stand_ins, tmp_path):
     assert list(args.meta["rows"]) == ["fwd-window1024-n1024"]
     doc = json.loads((tmp_path / "versus-cpu.json").read_text())
     assert doc["suite"] == "versus" and len(doc["results"]) == len(records)
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_prefill_and_backward_suites_measure_the_table_patterns(cpu_stand_ins):
+    """documents64 and window333 are patterns the prefill and backward suites know (``--patterns``), with the
+    causal envelope for their dense baselines; not in their defaults."""
+    from sparseattn.bench import backward, cases, prefill
+    assert cases.TABLE_PATTERNS == ["documents64", "window333"]
+    assert all(cases.dense_pattern_of(p) == "causal" for p in cases.TABLE_PATTERNS)
+    assert not set(cases.TABLE_PATTERNS) & set(prefill.setup(_args())[-1])
+    for suite, pass_, pats in ((prefill, Pass.FWD, cases.TABLE_PATTERNS), (backward, Pass.BWD, ["documents64"])):
+        records, _, _ = suite.run(_args(patterns=",".join(pats)))
+        bf = BenchFile.from_json({"suite": suite.NAME, **ENV, "results": [r.to_json() for r in records]})
+        for p in pats:
+            assert bf.ms(Impl.OURS, pass_, pattern=p) > 0 and bf.ms(Impl.FLEX, pass_, pattern=p) > 0
+    with pytest.raises(ValueError, match="length N"):
+        cases.prefill_mask_mod("documents64")
+    with pytest.raises(ValueError, match="n_docs"):
+        cases.prefill_layout("documents64", 32, device="cpu")
+    a, b = cases.documents_ids(4096), cases.documents_ids(4096)
+    assert torch.equal(a, b) and int(a.max()) == 63 and bool((a[1:] >= a[:-1]).all())

@@ -1,7 +1,9 @@
 """Suite ``backward``: the deterministic and the atomic backward against FlexAttention (same block mask)
 and SDPA's cuDNN and FA2 (dense and causal), with bitwise repeatability over repeated runs and, for the
 sinks pattern, the backward without column splitting; the patterns with no hand-written predicate
-(``MASKC_PATTERNS``) also with per-tile bits (``sparseattn-bits``) against the compiled mask_mod.
+(``MASKC_PATTERNS``) also with per-tile bits (``sparseattn-bits``) against the compiled mask_mod. Issue 13's
+``documents64`` and ``window333`` (``TABLE_PATTERNS``) are measured when ``--patterns`` names them (not by
+default: two more patterns at both lengths would not fit the suite's 10 minutes).
 ``--sweep`` also times backward tile configs for two patterns at the largest N."""
 from __future__ import annotations
 

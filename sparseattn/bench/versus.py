@@ -80,8 +80,9 @@ LINES = {"fwd": [("fwd", "ours fwd", "flex fwd")],
 OURS_SERIES = {"ours fwd": (Impl.OURS, Pass.FWD), "ours bwd": (Impl.OURS, Pass.BWD),
                "atomic bwd": (Impl.OURS_ATOMIC, Pass.BWD), "ours layout": (Impl.OURS, Pass.LAYOUT)}
 #: how a line kind is named in the table (``{}``: the row's label)
-LINE_NAMES = {"fwd": "fwd {}", "bwd": "bwd {}", "bwd atomic": "bwd {}, atomic", "layout eager": "layout {} vs CBM eager",
-              "layout compiled": "layout {} vs CBM compiled"}
+LINE_NAMES = {"fwd": "fwd {}", "bwd": "bwd {}", "bwd atomic": "bwd {}, atomic",
+              "layout eager": "layout {} vs create_block_mask eager",
+              "layout compiled": "layout {} vs create_block_mask compiled"}
 
 #: the issue's targets: the deterministic backward >= 1.10x Flex on every sparse pattern and >= 1.0x on causal;
 #: the atomic path >= 1.25x (and causal <= 25 ms); the two compiled-mask forwards >= 1.10x; a mask_mod's
