@@ -64,6 +64,9 @@ def test_the_whole_suite_fits_one_gpu_run():
 
 
 def test_select_rows():
+    from sparseattn.bench.__main__ import SUITES, parser
+    args = parser().parse_args(["versus", "--rows", "bwd-causal"])
+    assert SUITES["versus"] == "versus" and args.rows == "bwd-causal" and args.budget_s == 500.0
     assert V.select_rows(None) == V.ROWS == V.select_rows("all")
     assert [r.key for r in V.select_rows("fp16-window1024,bwd-causal")] == ["bwd-causal", "fp16-window1024"]
     with pytest.raises(ValueError, match="--rows"):
@@ -119,7 +122,7 @@ def test_versus_dry_run_on_cpu(cpu_stand_ins, tmp_path):
     assert lay.get("tiles") == V.row_layout(V.ROWS[7]).stats()["listed_tiles"] and "peak_mb" in lay.extra
     assert bf.one(Impl.FLEX, Pass.LAYOUT, row="layout-stripes").get("compiled") is False
     gqa = bf.select(Impl.OURS, Pass.FWD, row="gqa-window1024")[0].case
-    assert (gqa["H"], gqa["Hkv"]) == (4, 1)
+    assert (gqa["H"], gqa["Hkv"]) == (4, 1) and gqa["listed_tiles"] == V.row_layout(V.ROWS[12]).stats()["listed_tiles"]
     # the table: one line per line kind of each row, the ratio flex/ours from the recorded medians
     assert [ln["row"] for ln in table] == ["bwd-documents64"] * 2 + ["fwd-stripes"] + ["layout-stripes"] * 2 + \
         ["fwd-window1024-n2048"] + ["gqa-window1024"] * 3

@@ -259,9 +259,8 @@ def _flex_kwargs(row: Row) -> dict:
     return {"enable_gqa": True} if row.H != row.Hkv else {}
 
 
-def _fwd(run: _Run, row: Row, layout: BlockLayout, res: dict) -> None:
+def _fwd(run: _Run, row: Row, layout: BlockLayout, case: dict, res: dict) -> None:
     q, k, v, _ = run.qkv(row, grad=False)
-    case = row.case()
     ms, o = run.measure(case, Impl.OURS, Pass.FWD, lambda: lambda: sparse_attention(q, k, v, layout),
                         extra={"mask_path": mask_path_name(layout)})
     res["ours fwd"] = ms
@@ -275,9 +274,9 @@ def _fwd(run: _Run, row: Row, layout: BlockLayout, res: dict) -> None:
                                           lambda: C.sdpa_fn(q, k, v, Impl.CUDNN, causal=True))
 
 
-def _bwd(run: _Run, row: Row, layout: BlockLayout, res: dict) -> None:
+def _bwd(run: _Run, row: Row, layout: BlockLayout, case: dict, res: dict) -> None:
     q, k, v, do = run.qkv(row, grad=True)
-    case, inputs = row.case(), (q, k, v)
+    inputs = (q, k, v)
     grads = {}
     for key, impl, det in (("ours bwd", Impl.OURS, True), ("atomic bwd", Impl.OURS_ATOMIC, False)):
         fwd = lambda det=det: sparse_attention(q, k, v, layout, deterministic=det)  # noqa: E731
@@ -319,10 +318,13 @@ def measure_row(run: _Run, row: Row) -> dict:
         _layout(run, row, res)
         return res
     layout = row_layout(row, device=run.dev)
+    st = layout.stats()
+    case = {**row.case(), **{k: st[k] for k in ("listed_tiles", "full_tiles", "partial_tiles", "logical_density",
+                                                "tile_amplification")}}
     if "fwd" in row.kind:
-        _fwd(run, row, layout, res)
+        _fwd(run, row, layout, case, res)
     if "bwd" in row.kind:
-        _bwd(run, row, layout, res)
+        _bwd(run, row, layout, case, res)
     return res
 
 
