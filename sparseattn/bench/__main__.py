@@ -18,7 +18,9 @@ and a function-level profile of our call, for ours, FlexAttention and cuDNN, for
 ``balance`` (the forward on skewed layouts: plain grid vs split rows vs FlexAttention and cuDNN, beside the
 ideal balanced time and the roofline's prediction; the split forward in a CUDA graph), ``balance_bwd`` (the
 backward on the same layouts, in its own run: plain dQ pass vs split dQ pass vs FlexAttention's backward,
-beside the backward's ideal balanced time).
+beside the backward's ideal balanced time), ``versus`` (issue 13's table against FlexAttention in one run: the
+backward on five patterns, the compiled-mask forwards, the layout build vs ``create_block_mask``, short
+sequences with cuDNN, and D = 64, GQA and fp16; fixed rows, ``--rows`` picks some, ``--budget-s`` bounds it).
 
 ``--sweep`` (prefill, backward, decode) also times a set of kernel configs and writes
 ``<suite>-sweep-<gpu>.json`` (every row, the sweep's included) and ``<suite>-defaults-<gpu>.json`` (the best
@@ -39,7 +41,7 @@ from . import _common as C
 #: suite name -> module (imported when the suite runs)
 SUITES = {"prefill": "prefill", "layout": "layout_build", "backward": "backward", "decode": "decode",
           "decode_keep": "decode_keep", "crossover": "crossover", "errors": "errors", "routing": "routing",
-          "host": "host", "balance": "balance", "balance_bwd": "balance_bwd"}
+          "host": "host", "balance": "balance", "balance_bwd": "balance_bwd", "versus": "versus"}
 
 
 def suite_module(name: str):
@@ -63,16 +65,21 @@ def parser() -> argparse.ArgumentParser:
                     help="also time a set of kernel configs (prefill, backward, decode); writes "
                          "<suite>-sweep-<gpu>.json and <suite>-defaults-<gpu>.json instead of <suite>-<gpu>.json")
     ap.add_argument("--naive-max-bytes", type=float, default=24e9)
+    ap.add_argument("--budget-s", type=float, default=500.0,
+                    help="crossover, versus, backward --sweep: stop starting FlexAttention compiles, new points, rows "
+                         "or configs when this "
+                         "many seconds have passed (default: %(default)s)")
     g = ap.add_argument_group("crossover")
     g.add_argument("--part", default="all", help="fwd, bwd, decode, or a comma-separated list (default: all)")
     g.add_argument("--families", default=None,
                    help="comma-separated: window, sinks_window, block_random, documents, routing (default: all)")
     g.add_argument("--keep-n", default=None, help="comma-separated lengths of the kept-fraction families")
-    g.add_argument("--budget-s", type=float, default=500.0,
-                   help="stop starting FlexAttention compiles and new points (crossover), or new configs "
-                        "(backward --sweep), when this many seconds have passed (default: %(default)s)")
     g.add_argument("--merge", default=None,
                    help="an earlier crossover file of the same GPU: its rows of the parts not measured now are kept")
+    g = ap.add_argument_group("versus")
+    g.add_argument("--rows", default=None,
+                   help="comma-separated row keys of issue 13's table (default: all, in the issue's order; "
+                        "--n and --patterns do not apply)")
     return ap
 
 

@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import sys
+import time
 from typing import Callable, Iterable, List, Optional
 
 import torch
@@ -118,6 +119,25 @@ def note(msg: str) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------------------
+#: seconds a :class:`Budget` keeps free at its end to write the file and print the table
+RESERVE_S = 15.0
+
+
+class Budget:
+    """Seconds left of a suite run's time budget (``--budget-s``), so that a run whose FlexAttention compiles
+    are slow stops starting new work before the GPU slot ends (``clock`` is replaceable for tests)."""
+
+    def __init__(self, seconds: float, clock=time.monotonic):
+        self.seconds, self.clock, self.t0 = float(seconds), clock, clock()
+
+    def left(self) -> float:
+        return self.seconds - (self.clock() - self.t0)
+
+    def allows(self, estimate_s: float) -> bool:
+        """Whether work estimated at ``estimate_s`` seconds still fits, :data:`RESERVE_S` kept free."""
+        return self.left() - RESERVE_S > estimate_s
+
+
 def grad_fn(fwd: Callable, inputs, do) -> Callable:
     """Time the backward alone: one forward kept alive, gradients recomputed from it every call."""
     out = fwd()

@@ -1,7 +1,9 @@
 """Suite ``backward``: the deterministic and the atomic backward against FlexAttention (same block mask)
 and SDPA's cuDNN and FA2 (dense and causal), with bitwise repeatability over repeated runs and, for the
 sinks pattern, the backward without column splitting; the patterns with no hand-written predicate
-(``MASKC_PATTERNS``) also with per-tile bits (``sparseattn-bits``) against the compiled mask_mod.
+(``MASKC_PATTERNS``) also with per-tile bits (``sparseattn-bits``) against the compiled mask_mod. Issue 13's
+``documents64`` and ``window333`` (``TABLE_PATTERNS``) are measured when ``--patterns`` names them (not by
+default: two more patterns at both lengths would not fit the suite's 10 minutes).
 ``--sweep`` runs only the config sweep (:func:`sweep`): each pass's launch configs timed separately on issue 13's
 patterns at the largest N, the best combination per (dtype, head dim) written as tuned defaults."""
 from __future__ import annotations

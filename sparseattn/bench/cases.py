@@ -14,10 +14,11 @@ import torch
 
 from .. import patterns as P
 from ..layout import BlockLayout
-from ..roofline.cases import (EXTRA_PATTERNS, LAYOUT_PATTERNS, MASKC_PATTERNS, PREFILL_PATTERNS, decode_setup, dense_pattern_of,
-                              layout_mask_mod, prefill_layout, prefill_mask_mod, stripes_mask)
+from ..roofline.cases import (LAYOUT_PATTERNS, MASKC_PATTERNS, PREFILL_PATTERNS, TABLE_PATTERNS, decode_setup,
+                              dense_pattern_of, documents_ids, layout_mask_mod, prefill_layout, prefill_mask_mod,
+                              stripes_mask)
 
-__all__ = ["PREFILL_PATTERNS", "MASKC_PATTERNS", "EXTRA_PATTERNS", "stripes_mask",
+__all__ = ["PREFILL_PATTERNS", "MASKC_PATTERNS", "TABLE_PATTERNS", "stripes_mask", "documents_ids",
            "prefill_mask_mod", "prefill_layout", "dense_pattern_of", "LAYOUT_PATTERNS",
            "layout_mask_mod", "decode_setup", "BOOK_PATTERNS", "book_layout", "token_topk_mask"]
 

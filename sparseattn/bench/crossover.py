@@ -50,6 +50,7 @@ from ..roofline.crossover import (KEEP_GRID, N_GRID, bracket, crossing, envelope
                                   family_pattern)
 from ..routing import select_pages
 from . import _common as C
+from ._common import RESERVE_S, Budget  # noqa: F401 - the run's time budget (one home, shared with versus)
 from .record import BenchFile, Impl, Pass, Record, load_path
 
 NAME = "crossover"
@@ -75,8 +76,6 @@ DECODE_KEEPS = KEEP_GRID
 PROFILE = dict(N=16384, batch=8, seq_len=32768)
 #: first guesses of one FlexAttention compile + timing (s), replaced by the slowest seen in the run
 FLEX_GUESS_S = {"fwd": 30.0, "bwd": 60.0}
-#: seconds kept free at the end of the budget to write the file and print the table
-RESERVE_S = 15.0
 DTYPE, DTYPE_NAME = torch.bfloat16, "bf16"
 DECODE_PASSES = {Pass.DECODE_GRAPH, Pass.DECODE_DENSE, Pass.SELECT_DECODE_GRAPH}
 
@@ -84,19 +83,6 @@ DECODE_PASSES = {Pass.DECODE_GRAPH, Pass.DECODE_DENSE, Pass.SELECT_DECODE_GRAPH}
 # ---------------------------------------------------------------------------------------------------------
 # bookkeeping
 # ---------------------------------------------------------------------------------------------------------
-class Budget:
-    """Seconds left of the run's budget (``clock`` is replaceable for tests)."""
-
-    def __init__(self, seconds: float, clock=time.monotonic):
-        self.seconds, self.clock, self.t0 = float(seconds), clock, clock()
-
-    def left(self) -> float:
-        return self.seconds - (self.clock() - self.t0)
-
-    def allows(self, estimate_s: float) -> bool:
-        return self.left() - RESERVE_S > estimate_s
-
-
 def part_of(r: Record) -> str:
     """The part of the suite a row belongs to (its ``part`` field)."""
     return r.get("part", "decode" if r.pass_ in DECODE_PASSES else r.pass_)

@@ -2,8 +2,9 @@
 (dense and causal: the work of the pattern's envelope) and naive masked attention where it fits.
 The patterns with no hand-written predicate (``MASKC_PATTERNS``) are also timed with their partial tiles forced
 to per-tile bits (``sparseattn-bits``), so the compiled mask_mod and the bits it replaces are compared in one
-run; each row records its ``mask_path``. ``--sweep`` also times a set of forward tile configs at the largest N
-(recorded patterns only)."""
+run; each row records its ``mask_path``. Issue 13's ``documents64`` and ``window333`` (``TABLE_PATTERNS``) are
+measured when ``--patterns`` names them (the ``versus`` suite measures them at 32k). ``--sweep`` also times a
+set of forward tile configs at the largest N (recorded patterns only)."""
 from __future__ import annotations
 
 from typing import List

@@ -19,7 +19,7 @@ from .. import patterns as P
 from ..layout import BlockLayout
 from ..paged import PagedKVCache
 
-__all__ = ["PREFILL_PATTERNS", "MASKC_PATTERNS", "EXTRA_PATTERNS", "documents_ids", "stripes_mask",
+__all__ = ["PREFILL_PATTERNS", "MASKC_PATTERNS", "TABLE_PATTERNS", "stripes_mask", "documents_ids",
            "prefill_mask_mod", "prefill_layout", "random_diag_layout", "dense_pattern_of", "ENVELOPES",
            "LAYOUT_PATTERNS", "layout_mask_mod", "decode_setup"]
 
@@ -44,6 +44,24 @@ def stripes_mask():
 #: figures' pattern list, so the chapters' figures and the calibration are unchanged by them.
 MASKC_PATTERNS = ["stripes(plain lambda)", "causal&(window256|dilated8)"]
 
+#: Issue 13's other table patterns (band and document predicates, no compiler needed): measured by the
+#: ``versus`` suite and, on request (``--patterns``), by the prefill and backward suites; not in their defaults
+#: (a backward run over them at both lengths would not fit its 10 minutes) nor in the recorded figures.
+TABLE_PATTERNS = ["documents64", "window333"]
+
+
+def documents_ids(N: int, n_docs: int = 64, seed: int = 0, device="cpu") -> torch.Tensor:
+    """Document ids ``[N]`` of ``n_docs`` documents packed into ``N`` tokens, with random lengths: the
+    ``n_docs - 1`` boundaries are distinct positions in ``[1, N)`` drawn uniformly by a CPU generator seeded with
+    ``seed`` (so every device draws the same documents; lengths average ``N / n_docs``, none is empty)."""
+    if N < n_docs:
+        raise ValueError(f"N must be at least n_docs={n_docs} (every document holds a token), got N={N}")
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    starts = torch.zeros(N, dtype=torch.int32)
+    starts[torch.randperm(N - 1, generator=g)[:n_docs - 1] + 1] = 1  # a document starts at each marked position
+    return torch.cumsum(starts, 0, dtype=torch.int32).to(device)
+
+
 _PREFILL_MASK_MODS: Dict[str, Callable] = {
     "dense": P.full,
     "causal": P.causal,
@@ -52,31 +70,25 @@ _PREFILL_MASK_MODS: Dict[str, Callable] = {
     "stripes(plain lambda)": stripes_mask,
     "causal&(window256|dilated8)": lambda: P.and_masks(P.causal(), P.or_masks(P.sliding_window(256),
                                                                               P.dilated(8))),
+    "window333": lambda: P.sliding_window(333),
+}
+#: Patterns whose mask_mod depends on the length (captured tensors): factories of ``(N, device)``.
+_PREFILL_MASK_MODS_N: Dict[str, Callable] = {
+    "documents64": lambda N, device: P.and_masks(P.causal(), P.document(documents_ids(N, 64, device=device))),
 }
 
 
-#: Issue 13's backward rows that need the length (documents) or a window off the tile grid; measured by the
-#: backward sweep, not in the recorded figures' pattern list.
-EXTRA_PATTERNS = ["documents64", "window333"]
-
-
-def documents_ids(N: int, n_docs: int = 64, seed: int = 0, device="cpu") -> torch.Tensor:
-    """Document ids ``[N]`` of ``n_docs`` documents of random lengths packed into one sequence: the cuts are
-    ``n_docs - 1`` distinct random positions drawn with a seeded CPU generator (every device gets the same
-    documents)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    cuts = torch.randperm(N - 1, generator=g)[: n_docs - 1] + 1
-    starts = torch.zeros(N, dtype=torch.int64)
-    starts[cuts] = 1
-    return starts.cumsum(0).to(device)
-
-
-def prefill_mask_mod(pattern: str):
+def prefill_mask_mod(pattern: str, N: Optional[int] = None, device="cpu"):
     """The mask_mod of a token-level prefill pattern (``dense`` and every pattern but the block-level
-    ``random10%+diag``)."""
+    ``random10%+diag``). ``documents64`` (64 documents of random lengths, causal inside each; see
+    :func:`documents_ids`) captures its ids: it needs the length ``N`` and puts them on ``device``."""
+    if pattern in _PREFILL_MASK_MODS_N:
+        if N is None:
+            raise ValueError(f"pattern {pattern!r} captures per-token document ids: pass its length N")
+        return _PREFILL_MASK_MODS_N[pattern](N, device)
     if pattern not in _PREFILL_MASK_MODS:
-        raise ValueError(f"pattern must be one of {sorted(_PREFILL_MASK_MODS)} (token-level prefill patterns), "
-                         f"got {pattern!r}")
+        raise ValueError(f"pattern must be one of {sorted({**_PREFILL_MASK_MODS, **_PREFILL_MASK_MODS_N})} "
+                         f"(token-level prefill patterns), got {pattern!r}")
     return _PREFILL_MASK_MODS[pattern]()
 
 
@@ -95,15 +107,10 @@ def prefill_layout(pattern: str, N: int, block: int = 128, device="cuda") -> Blo
     (``"dense"`` too: the envelope the dense baselines cover)."""
     if pattern == "random10%+diag":
         return random_diag_layout(N, 0.10, block, seed=0, device=device)
-    if pattern == "documents64":  # causal inside each of 64 random-length documents
-        mm = P.and_masks(P.causal(), P.document(documents_ids(N, device=device)))
-        return BlockLayout.from_mask_mod(mm, N, N, block, block, device=device)
-    if pattern == "window333":
-        return BlockLayout.from_mask_mod(P.sliding_window(333), N, N, block, block, device=device)
-    if pattern not in _PREFILL_MASK_MODS:
-        raise ValueError(f"pattern must be one of {['dense'] + PREFILL_PATTERNS + MASKC_PATTERNS + EXTRA_PATTERNS}, "
+    if pattern not in _PREFILL_MASK_MODS and pattern not in _PREFILL_MASK_MODS_N:
+        raise ValueError(f"pattern must be one of {['dense'] + PREFILL_PATTERNS + MASKC_PATTERNS + TABLE_PATTERNS}, "
                          f"got {pattern!r}")
-    return BlockLayout.from_mask_mod(prefill_mask_mod(pattern), N, N, block, block, device=device)
+    return BlockLayout.from_mask_mod(prefill_mask_mod(pattern, N, device), N, N, block, block, device=device)
 
 
 #: The envelope of each recorded prefill pattern: the cheapest dense problem covering it
@@ -116,7 +123,7 @@ def dense_pattern_of(pattern: str) -> str:
     """The dense baseline doing the same work as a pattern's envelope: ``"causal"`` for the patterns inside the
     causal triangle (causal, windows, sinks + window), else ``"dense"`` (the case pattern of the cuDNN/FA2
     rows)."""
-    if pattern in MASKC_PATTERNS or pattern in EXTRA_PATTERNS:  # all inside the causal triangle
+    if pattern in MASKC_PATTERNS or pattern in TABLE_PATTERNS:  # all lie inside the causal triangle
         return "causal"
     if pattern not in ENVELOPES:
         raise ValueError(f"pattern must be one of {sorted(ENVELOPES)}, got {pattern!r}")
