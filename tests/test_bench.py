@@ -19,7 +19,8 @@ from sparseattn.bench import _common as C
 from sparseattn.bench.record import BenchFile, Impl, Pass, Record, bench_filename, load, load_path
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RECORDED = sorted((ROOT / "book" / "data" / "bench").rglob("*.json"))
+#: recorded runs (a sweep's ``*-defaults-*`` file holds tuned-config rows, not results)
+RECORDED = sorted(p for p in (ROOT / "book" / "data" / "bench").rglob("*.json") if "-defaults-" not in p.name)
 ENV = {"date": "2026-01-01T00:00:00+00:00", "torch": "2.11.0", "triton": "3.6.0", "device": "NVIDIA H200"}
 
 
@@ -528,7 +529,7 @@ def test_recorded_figures_fail_loudly_on_a_missing_series():
     with pytest.raises(LookupError, match="sparseattn-atomic"):
         ch06_backward.backward_figure(BenchFile(load("backward").meta, tuple(
             r for r in load("backward").records if r.impl != Impl.OURS_ATOMIC)), prefill)
-    decode = load("decode")
+    decode = load("decode", sweep=True)  # the sweep run's own file
     assert len(ch07_decode.decode_sweep_figure(decode).data) > 0
     without_sweep = BenchFile(decode.meta, tuple(r for r in decode.records if r.pass_ != Pass.SWEEP))
     with pytest.raises(LookupError, match="sweep"):
