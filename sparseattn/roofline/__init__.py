@@ -72,22 +72,23 @@ Parameters a model's calibration points cannot separate are tied to another mode
 Predicted / measured on the evaluation points::
 
     evaluation points                      n  median    p10    p90 in +-25%
-    prefill (fwd + bwd, ours)             15    0.97   0.74   1.05      87%
-    prefill baselines (Flex, cuDNN)       17    0.98   0.90   1.04      94%
+    prefill (fwd + bwd, ours)             15    0.97   0.77   1.14      80%
+    prefill baselines (Flex, cuDNN)       17    0.97   0.87   1.07      94%
     decode, CUDA graph (ours)             10    1.05   1.01   1.50      70%
     decode, eager (ours)                  16    0.98   0.63   1.30      62%
     decode (cuDNN)                         7    0.97   0.97   0.98     100%
     layout build + transpose              14    1.16   0.67   1.79      36%
-    crossover sweep: ours                 78    0.88   0.30   1.09      53%
-    crossover sweep: Flex, cuDNN          26    1.00   0.82   2.49      73%
-    all kernel models (no eager decode)  153    0.97   0.38   1.14      67%
-    crossover sweep (all)                104    0.96   0.32   1.13      58%
+    crossover sweep: ours                 78    0.98   0.50   1.09      71%
+    crossover sweep: Flex, cuDNN          26    0.98   0.56   1.36      50%
+    all kernel models (no eager decode)  153    0.98   0.57   1.13      72%
+    crossover sweep (all)                104    0.98   0.53   1.11      65%
 
 Outside +-25%::
 
-    sparseattn fwd sinks64+window1024 N=4096              0.53
-    sparseattn fwd random10%+diag N=4096                  0.73
-    flex bwd sinks64+window1024 N=32768                   0.72
+    sparseattn fwd sinks64+window1024 N=4096              0.65
+    sparseattn fwd random10%+diag N=4096                  1.34
+    flex fwd random10%+diag N=4096                        0.52
+    sparseattn bwd sinks64+window1024 N=32768             0.75
     sparseattn decode keep0.01 N=131072 B=1 ps=16 eager   1.56
     sparseattn decode keep0.01 N=131072 B=1 ps=16 graph   1.69
     sparseattn decode keep0.02 N=131072 B=1 ps=16 eager   1.55
@@ -108,9 +109,8 @@ Outside +-25%::
     sparseattn transpose block_random10% N=131072         1.35
     sparseattn decode keep0.02 N=65536 B=4 ps=16 graph (crossover)  1.39
     sparseattn decode keep0.02 N=16384 B=16 ps=16 graph (crossover)  1.28
-    cudnn fwd causal N=1024 (crossover)                   4.28
-    sparseattn fwd window2048 N=1024 (crossover)          0.23
-    ... and 40 more (python -m sparseattn.roofline accuracy)
+    cudnn fwd causal N=1024 (crossover)                   1.78
+    ... and 33 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
 
