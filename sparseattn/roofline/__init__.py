@@ -116,7 +116,7 @@ Why those fail:
 
 * forward at N = 4k, 16 heads: few, short programs. ``sinks64+window1024`` measured 0.27 ms there, twice
   ``window1024`` (0.13 ms) with 9% more tiles, while FlexAttention ran the same layout in 0.13 ms; nothing
-  in the counts separates the two, so the model (0.14 ms) misses it -- a re-measure belongs to the crossover
+  in the counts separates the two, so the model (0.17 ms) misses it -- a re-measure belongs to the crossover
   sweep. ``random10%+diag`` at 4k (4 tiles a row) is host-bound: a fixed per-call cost fitted at longer
   lengths under-predicts it.
 * decode at batch 1 with 1-5% of the pages kept (CUDA graph): 14-22 us. The fixed cost per replay (22 us)
@@ -124,7 +124,13 @@ Why those fail:
   is over-predicted. A measured launch latency (``Ceilings.launch_us``) would pin it.
 * eager decode: the host issues each call in 66-176 us, varying from point to point within one run; a single
   host time per call cannot follow it (the graph replays of the same points are predicted).
-* the crossover sweep at the short end (N <= 8k): our eager forward measured 0.15-0.39 ms whatever its
+* the eager host term (:mod:`.host`): an eager call takes ``max(device, T_host)``, ``T_host`` per op and pass
+  calibrated on the host suite of the code the sweep ran (``checks/host-before-delta-kernel-h200.json``),
+  the sweep's own layouts and shapes left out; it lifted the sweep from 58% to the share above. What it
+  cannot follow: on the sweep our host-bound forward measured two levels, about 0.17 and 0.37 ms, in runs
+  of consecutive points (the order of the recording, not the layout), against 0.17 ms in the host suite;
+  FlexAttention's short calls took 0.14-0.19 ms against the host suite's 0.09 ms.
+* the crossover sweep at the short end (N <= 8k), before the host term: our eager forward measured 0.15-0.39 ms whatever its
   tiles (block-random at 2k: 0.15 ms with 5% of the tiles kept, 0.28 ms with all of them), so the host work
   of the call, not the kernel, set the time; the fixed cost per call fitted at N >= 4k (0.04 ms) under-predicts
   it by 2-5x. cuDNN there measured 0.036-0.098 ms at 1k-3k against a fitted per-call floor of 0.153 ms
