@@ -371,7 +371,7 @@ def test_stored_predictions_follow_from_the_stored_parameters():
     stored = {r["id"]: r for r in rec["calibration"]["points"]}
     ceil = R.Ceilings.from_json(rec["ceilings"])
     points = [p for p in C.load_points() if p.group in ("sparseattn/fwd", "sparseattn/bwd", "sparseattn/decode")]
-    rows = C.evaluate(points, rec["model"], ceil)
+    rows = C.evaluate(points, rec["model"], ceil, rec.get("host"))
     for r in rows:
         assert r["predicted_ms"] == pytest.approx(stored[r["id"]]["predicted_ms"], rel=1e-4), r["label"]
     assert C.accuracy(rec["calibration"]["points"]) == rec["calibration"]["accuracy"]

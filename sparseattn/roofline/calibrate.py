@@ -41,6 +41,7 @@ from ..ops import BwdConfig
 from .cases import PREFILL_PATTERNS, layout_mask_mod, prefill_layout
 from .ceilings import Ceilings, load_record, record_path
 from .counts import Shape
+from .host import fit_paths
 from .model import evaluated_cells_of, model_params, predict, work_of
 
 __all__ = ["RECORDED_PATTERNS", "Point", "load_points", "role_of", "calibrate", "evaluate", "accuracy",
@@ -327,13 +328,24 @@ def _nelder_mead(f, x0: np.ndarray, scale: np.ndarray, iters: int = 600, tol: fl
     return simplex[int(np.argmin(values))]
 
 
-def _predict_point(p: Point, work, params: dict, ceil: Ceilings) -> float:
+def _predict_point(p: Point, work, params: dict, ceil: Ceilings, host: Optional[dict] = None) -> float:
     if p.pass_ == "layout":
         return params["fixed_ms"] + params["ns_per_cell"] * 1e-6 * p.row["_cells"]
     if p.pass_ == "transpose":
         return params["fixed_ms"]
-    t = predict(work, params, ceil, work_dtype(p), graph=p.graph or p.impl == "cudnn")
+    # cuDNN decode is a single eager SDPA call whose host work the fitted call_ms covers
+    t = predict(work, params, ceil, work_dtype(p), graph=p.graph or (p.impl == "cudnn" and p.pass_ == "decode"),
+                host=_host_for(p, host))
     return t["kernels_ms"] + t["launch"]
+
+
+def _host_for(p: Point, host: Optional[dict]) -> Optional[dict]:
+    """The host-term parameters that price a recorded eager prefill point: its op and pass on the host path
+    every recorded file ran (:data:`.host.RECORDED_PATH`)."""
+    if host is None or p.pass_ not in ("fwd", "bwd"):
+        return None
+    impl = "sparseattn" if p.impl.startswith("sparseattn") else p.impl
+    return host["paths"][host["recorded"]]["params"].get(f"{impl}/{p.pass_}")
 
 
 def work_dtype(p: Point):
@@ -350,8 +362,9 @@ def _params_of(model: dict, key: str, free_values: Dict[str, float]) -> dict:
     return params
 
 
-def calibrate(points: List[Point], ceil: Ceilings, iters: int = 600) -> dict:
-    """Fit every model on its calibration points; returns the ``model`` section of the record."""
+def calibrate(points: List[Point], ceil: Ceilings, iters: int = 600, host: Optional[dict] = None) -> dict:
+    """Fit every model on its calibration points; returns the ``model`` section of the record. ``host``: the
+    record's host section (:func:`.host.fit_paths`), fitted first; eager prefill points are priced with it."""
     works = {p.id: point_work(p, ceil) for p in points}
     for p in points:
         if p.pass_ == "layout":
@@ -374,14 +387,16 @@ def calibrate(points: List[Point], ceil: Ceilings, iters: int = 600) -> dict:
             params = _params_of(model, key, free)
             if forms:
                 params["call_form"] = forms
-            errs = [math.log(max(_predict_point(p, works[p.id], params, ceil), 1e-9) / p.ms) for p in cal]
+            errs = [math.log(max(_predict_point(p, works[p.id], params, ceil, host), 1e-9) / p.ms) for p in cal]
             penalty = float(np.sum((x - np.clip(x, lo, hi)) ** 2))
             return float(np.mean(np.square(errs))) + penalty
 
         x0 = np.array([f[1] for f in spec["free"]])
         scale = np.maximum(np.abs(x0) * 0.5, (hi - lo) * 0.05)
         best_x, best_form, best_loss = None, None, float("inf")
-        forms = ["sum", "max"] if key.endswith("/fwd") else [None]
+        # with the host term the per-call constant is device-side only: it adds to the kernels ("sum")
+        forms = ["sum"] if key.endswith("/fwd") and host is not None else \
+            ["sum", "max"] if key.endswith("/fwd") else [None]
         for form in forms:
             for start in (x0, lo + 0.3 * (hi - lo), lo + 0.7 * (hi - lo)):
                 x = _nelder_mead(lambda z: loss(z, form), start.astype(float), scale, iters=iters)
@@ -399,7 +414,7 @@ def calibrate(points: List[Point], ceil: Ceilings, iters: int = 600) -> dict:
     return model
 
 
-def evaluate(points: List[Point], model: dict, ceil: Ceilings) -> List[dict]:
+def evaluate(points: List[Point], model: dict, ceil: Ceilings, host: Optional[dict] = None) -> List[dict]:
     """Predicted/measured for every point (calibration and evaluation) with the fitted model."""
     record = {"model": model}
     rows = []
@@ -412,9 +427,10 @@ def evaluate(points: List[Point], model: dict, ceil: Ceilings) -> List[dict]:
         else:
             impl = "sparseattn" if p.impl.startswith("sparseattn") else p.impl
             params = model_params(impl, p.pass_, deterministic=p.impl != "sparseattn-atomic", record=record)
-        pred = _predict_point(p, work, params, ceil)
+        pred = _predict_point(p, work, params, ceil, host)
         rows.append({"id": p.id, "label": p.label(), "group": p.group, "role": p.role, "measured_ms": p.ms,
-                     "predicted_ms": pred, "ratio": pred / p.ms})
+                     "predicted_ms": pred, "ratio": pred / p.ms, "N": p.N, "family": p.case.get("family"),
+                     "pass": p.pass_, "impl": "sparseattn" if p.impl.startswith("sparseattn") else p.impl})
     return rows
 
 
@@ -466,9 +482,39 @@ def accuracy(rows: List[dict]) -> dict:
     out["kernels (all evaluation points except eager decode and layout builds)"] = _dist(kernel)
     sweep = {k for c in CROSSOVER_CLASSES for k in CLASSES[c]}
     out["crossover sweep (all)"] = _dist([r["ratio"] for r in ev if _class_key(r) in sweep])
+    out["sweep_series"] = sweep_series(rows)
     out["outside_25pct"] = [{"label": r["label"], "ratio": round(r["ratio"], 3), "measured_ms": r["measured_ms"],
                              "predicted_ms": round(r["predicted_ms"], 5)} for r in ev if abs(r["ratio"] - 1) > 0.25]
     return out
+
+
+def sweep_series(rows: List[dict]) -> Dict[str, dict]:
+    """The crossover sweep's evaluation points, predicted/measured per implementation, pass and family, and
+    per length (N < 8k, N >= 8k): where the model holds and where it does not."""
+    ev = [r for r in rows if r["role"] == "evaluation" and r["id"].startswith(EVALUATION_FILES)]
+
+    def series_of(r):
+        impl = r.get("impl") or r["group"].split("/")[0]
+        pass_ = r.get("pass") or r["group"].split("/")[1]
+        return f"{impl} {pass_} {r.get('family') or ''}".strip()
+
+    out = {name: _dist([r["ratio"] for r in ev if series_of(r) == name]) for name in sorted({series_of(r) for r in ev})}
+    for name, keep in (("N < 8k", lambda r: r.get("N", 0) < 8192), ("N >= 8k", lambda r: r.get("N", 0) >= 8192)):
+        out[name] = _dist([r["ratio"] for r in ev if keep(r)])
+    return out
+
+
+def series_table(series: Dict[str, dict], before: Optional[Dict[str, dict]] = None) -> str:
+    """:func:`sweep_series` as a fixed-width table, with a ``before`` model's share within 25% beside it."""
+    lines = [f"{'sweep series':32s} {'n':>3s} {'median':>7s} {'p10':>6s} {'p90':>6s} {'in +-25%':>8s}"
+             + ("  before" if before else "")]
+    for name, d in series.items():
+        if not d["n"]:
+            continue
+        extra = f"  {before[name]['within_25pct'] * 100:5.0f}%" if before and before.get(name, {}).get("n") else ""
+        lines.append(f"{name:32s} {d['n']:3d} {d['median']:7.2f} {d['p10']:6.2f} {d['p90']:6.2f} "
+                     f"{d['within_25pct'] * 100:7.0f}%{extra}")
+    return "\n".join(lines)
 
 
 def summary_table(acc: dict) -> str:
@@ -518,16 +564,33 @@ def sync_docstring(acc: dict, path=None) -> bool:
     return new != text
 
 
+def _family_of_id(pid: str, bench_dir=None) -> Optional[str]:
+    """The crossover family of a recorded point id (``file#row``), None for the other files."""
+    fname, i = pid.split("#")
+    if not fname.startswith(EVALUATION_FILES):
+        return None
+    doc = _doc_cached(str(pathlib.Path(bench_dir or BENCH_DIR) / fname))
+    return doc["results"][int(i)]["case"].get("family")
+
+
+@functools.lru_cache(maxsize=None)
+def _doc_cached(path: str) -> dict:
+    return json.loads(pathlib.Path(path).read_text())
+
+
 def run(bench_dir=None, out: Optional[pathlib.Path] = None, slug: str = "h200", iters: int = 600) -> dict:
     """Refit on the recorded files and write the record (the packaged one by default)."""
     record = json.loads(json.dumps(load_record(slug)))
     ceil = Ceilings.from_json(record["ceilings"])
+    previous = record.get("calibration", {})
     points = load_points(bench_dir)
-    model = calibrate(points, ceil, iters=iters)
+    host = fit_paths(points, bench_dir)
+    model = calibrate(points, ceil, iters=iters, host=host)
     rows = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()}
-            for r in evaluate(points, model, ceil)]
+            for r in evaluate(points, model, ceil, host)]
     acc = accuracy(rows)  # from the stored (rounded) rows, so a reader can recompute it from the record
     record["model"] = model
+    record["host"] = host
     record["calibration"] = {
         "date": datetime.date.today().isoformat(),
         "files": list(FILES),
@@ -538,6 +601,12 @@ def run(bench_dir=None, out: Optional[pathlib.Path] = None, slug: str = "h200", 
         "repeated_points": [p.id for p in points if p.role == "repeat"],
         "points": rows,
         "accuracy": acc,
+        # the model this fit replaced, on the same sweep points: its summary kept for the before/after table
+        "previous": previous.get("previous") or ({"date": previous.get("date"), "accuracy": {
+            k: previous["accuracy"][k] for k in ("classes", "crossover sweep (all)")},
+            "sweep_series": sweep_series([{**r, "N": int(r["label"].split("N=")[1].split()[0]),
+                                           "family": _family_of_id(r["id"], bench_dir)}
+                                          for r in previous.get("points", [])])} if previous else None),
     }
     path = pathlib.Path(out) if out is not None else record_path(slug)
     path.write_text(json.dumps(record, indent=1) + "\n")

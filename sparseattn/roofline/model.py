@@ -14,8 +14,10 @@ For each kernel launch of a pass (:mod:`.counts` gives its programs, steps, flop
 * decode: a step of the split kernel reads ``block_n`` tokens of K and V and does two skinny matmuls; its
   time is one SM's share of the bandwidth, or the load latency when few programs are in flight, so the
   step time ``step_us`` is calibrated directly and the schedule term counts on the memory side.
-* ``T_launch``: a calibrated fixed cost per call (host dispatch and launch; ``host_call_us`` of the ceilings
-  is its measured floor). Eager decode: the larger of the host time and the device time.
+* ``T_launch``: a calibrated fixed device-side cost per call, plus, for an eager call, the host's excess:
+  calls issued back to back take ``max(device time, T_host)`` (:mod:`.host`: ``T_host`` per op and pass,
+  from the host suite, with the model's launch count). Eager decode: the larger of its host time and the
+  device time likewise. A CUDA-graph replay has no host term.
 * ``T_index``: rebuilding the layout (and, for the backward, its transposed lists), from the layout bench:
   a fixed cost plus the cells a mask_mod without an exact tile rule must evaluate. Zero unless
   ``rebuild_layout=True`` (the bench times the op on a prebuilt layout). ``T_route``: given (ms) or 0.
@@ -39,8 +41,9 @@ from ..paged import PagedKVCache, PageSelection
 from ..patterns import TileGrid, tile_rule_of
 from .ceilings import Ceilings, ceilings as _ceilings, device_slug, load_record
 from .counts import Shape, Work, as_shape, bwd_work, decode_input, decode_work, fwd_work
+from .host import host_ms as _host_ms
 
-__all__ = ["Cost", "cost", "work_of", "predict", "makespan", "model_params", "IMPLS"]
+__all__ = ["Cost", "cost", "work_of", "predict", "makespan", "model_params", "host_params", "IMPLS"]
 
 IMPLS = ("sparseattn", "flex", "cudnn")
 PASSES = ("fwd", "bwd", "decode")
@@ -62,6 +65,17 @@ def model_params(impl: str, pass_: str, *, deterministic: bool = True, record: O
         g, p = src.split(":")
         params[name] = model[g]["params"][p]
     return params
+
+
+def host_params(impl: str, pass_: str, *, path: Optional[str] = None, record: Optional[dict] = None) -> Optional[dict]:
+    """The host-term parameters (:mod:`.host`) of ``impl``'s eager ``pass_`` for a host path (default: the
+    code's current one) from the ceilings record; None for decode (its own ``host_ms``) or a record without
+    a host section."""
+    record = record if record is not None else load_record("h200")
+    sec = record.get("host")
+    if pass_ == "decode" or not sec:
+        return None
+    return sec["paths"][path or sec["current"]]["params"].get(f"{impl}/{pass_}")
 
 
 @dataclass
@@ -96,6 +110,7 @@ class Cost:
     index_build_ms: float
     kernels: List[dict] = field(default_factory=list)
     ceilings: Optional[Ceilings] = None
+    t_host_ms: float = 0.0  # the eager call's host time (0 for a CUDA-graph replay); in t_launch_ms when it wins
 
     @property
     def D_hbm(self) -> float:
@@ -121,7 +136,7 @@ class Cost:
                 "bytes_requested": self.bytes_requested, "launches": self.launches, **{
                     f"t_{k}_ms": v for k, v in self.terms.items()}, "kernels_ms": self.kernels_ms,
                 "predicted_ms": self.predicted_ms, "bound": self.bound, "P_eff_tflops": self.P_eff_tflops,
-                "W_eff_tbps": self.W_eff_tbps, "kernels": self.kernels}
+                "W_eff_tbps": self.W_eff_tbps, "t_host_ms": self.t_host_ms, "kernels": self.kernels}
 
     def __str__(self) -> str:
         lines = [f"{self.impl} {self.pass_}: predicted {self.predicted_ms:.4g} ms ({self.bound}-bound)",
@@ -131,6 +146,8 @@ class Cost:
                  f" (requested {sum(self.bytes_requested.values()) / 1e9:.4g} GB)"]
         if self.t_latency_ms:
             lines.append(f"  latency-bound schedule {self.t_latency_ms:.4g} ms")
+        if self.t_host_ms:
+            lines.append(f"  T_host {self.t_host_ms:.4g} ms per eager call (the call takes max(device, host))")
         lines.append(f"  T_launch {self.t_launch_ms:.4g} ms ({self.launches} launches), T_index "
                      f"{self.t_index_ms:.4g} ms, T_route {self.t_route_ms:.4g} ms")
         return "\n".join(lines)
@@ -191,8 +208,11 @@ def _shape_for(layout, shape, pass_: str) -> Shape:
 
 
 # ---- pricing ---------------------------------------------------------------------------------------------------
-def predict(work: Work, params: dict, ceil: Ceilings, dtype, *, graph: bool = False) -> dict:
-    """Price a :class:`~.counts.Work` with a parameter set: the terms of :class:`Cost` (without route/index)."""
+def predict(work: Work, params: dict, ceil: Ceilings, dtype, *, graph: bool = False,
+            host: Optional[dict] = None) -> dict:
+    """Price a :class:`~.counts.Work` with a parameter set: the terms of :class:`Cost` (without route/index).
+    ``host``: the host-term parameters of the op and pass (:mod:`.host`); an eager prefill call then takes
+    ``max(device time, T_host)`` (calls issued back to back: the slower side sets the rate)."""
     S = ceil.sm_count
     W = ceil.hbm_read_tbps * 1e12 * params["eff_memory"]  # bytes/s
     kernels, compute, memory, latency, total = [], 0.0, 0.0, 0.0, 0.0
@@ -230,12 +250,17 @@ def predict(work: Work, params: dict, ceil: Ceilings, dtype, *, graph: bool = Fa
                         "requested_bytes": op.hbm_bytes, "schedule_ms": 0.0, "balanced_ms": 0.0, "tail_ms": 0.0,
                         "memory_ms": op.hbm_bytes / W * 1e3, "ms": ms})
     launch = params["call_ms"]
+    t_host = 0.0
     if decode and not graph:  # eager: the host issues the step while the device runs the previous one
-        launch = params["call_ms"] + max(0.0, params["host_ms"] - (total + params["call_ms"]))
-    elif not decode and params.get("call_form", "sum") == "max":
+        t_host = params["host_ms"]
+        launch = params["call_ms"] + max(0.0, t_host - (total + params["call_ms"]))
+    elif not decode and params.get("call_form", "sum") == "max":  # records fitted before the host term
         launch = max(0.0, params["call_ms"] - total)
+    if not decode and not graph and host:
+        t_host = _host_ms(host, work.launches)
+        launch = max(launch, t_host - total)  # the host's excess over the device side, when it has one
     return {"compute": compute, "memory": memory, "latency": latency, "kernels_ms": total, "launch": launch,
-            "kernels": kernels}
+            "host": t_host, "kernels": kernels}
 
 
 def index_build_ms(layout: BlockLayout, pass_: str, record: Optional[dict] = None) -> float:
@@ -303,7 +328,7 @@ def cost(layout, shape=None, pass_: str = "fwd", routing=None, config=None, dete
     work = work_of(layout, s, pass_, config, deterministic, pages=pages, keep=keep, seqs=seqs, impl=impl,
                    device=ceil)
     params = model_params(impl, pass_, deterministic=deterministic, record=record)
-    terms = predict(work, params, ceil, s.dtype, graph=graph)
+    terms = predict(work, params, ceil, s.dtype, graph=graph, host=host_params(impl, pass_, record=record))
     t_route = float(routing or 0.0)
     build = index_build_ms(layout, pass_, record) if pass_ != "decode" else 0.0
     t_index = build if rebuild_layout else 0.0
@@ -321,7 +346,7 @@ def cost(layout, shape=None, pass_: str = "fwd", routing=None, config=None, dete
                 predicted_ms=predicted, bound=bound,
                 P_eff_tflops=work.flops / (terms["compute"] * 1e9) if terms["compute"] else 0.0,
                 W_eff_tbps=ceil.hbm_read_tbps * params["eff_memory"], index_build_ms=build,
-                kernels=terms["kernels"], ceilings=ceil)
+                kernels=terms["kernels"], ceilings=ceil, t_host_ms=terms["host"])
 
 
 def _record_for(ceil: Ceilings) -> dict:
