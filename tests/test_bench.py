@@ -597,6 +597,7 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     cpu_stand_ins.setattr(BB, "CASES", {"documents lognormal": (2, 1), "routed skewed (synthetic)": (2, 1),
                                         "causal H=1 N/4": (1, 0.25)})
     cpu_stand_ins.setattr(BB, "SPLITS", ("auto", 1))
+    cpu_stand_ins.setattr(BB, "bucket_lengths", lambda N: [(128, 128), (384, 256)])
     records, table, cols = BB.run(_args(n="256"))
     bf = _check_run(BB, records, table, cols, (Impl.OURS, Pass.FWD), (Impl.OURS_SPLIT, Pass.FWD),
                     (Impl.FLEX, Pass.FWD), (Impl.CUDNN, Pass.FWD), (Impl.OURS_SPLIT, Pass.FWD_GRAPH))
@@ -620,6 +621,18 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     assert all(row[name]["persist_ms"] > 0 for name in BB.CASES)
     g = bf.one(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case="routed skewed (synthetic)")
     assert g.ms > 0 and g.get("graph_equals_eager") is True and g.get("host_sync_free") is True
+    # the CUDA-graph buckets: one row per bucket, the layout padded into it, its waste and the exact-length graph
+    rows = bf.select(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case=BB.BUCKETS_CASE)
+    assert [(r.case["bucket"], r.case["N"]) for r in rows] == [(128, 128), (384, 256)]
+    for r in rows:
+        assert "error" not in r.extra, r.extra
+        assert r.ms > 0 and r.get("graph_equals_eager") is True and r.get("host_sync_free") is True
+        assert r.get("max_abs_vs_unpadded") < 1e-4 and min(r.get(k) for k in ("load_ms", "eager_ms",
+                                                                                "exact_graph_ms")) > 0
+        w = r.get("waste")
+        assert w["bucket"] == r.case["bucket"] and w["tasks_used"] <= w["tasks_allotted"]
+        assert w["tokens_waste"] == 1 - r.case["N"] / r.case["bucket"]
+    assert rows[1].get("waste")["rows_allotted"] == 3 and rows[1].get("waste")["rows_used"] == 2
     from sparseattn.viz import ch10_load_balance as V  # what chapter 10 shows once the suite is recorded
     t = V.recorded_table(bf)
     assert t.column("case") == list(BB.CASES) and "failed" not in str(t.rows)

@@ -16,7 +16,10 @@ rows, the chunk the planner chose and the tasks it made. Each case also runs the
 "auto" split (``FwdConfig.persistent``: a fixed grid of about two programs per SM looping over the same
 tasks), recorded as a split row with ``"persistent": true`` (the other split rows say ``false``). The routed case is also captured in a CUDA graph
 on a dynamic layout of fixed capacity (``fwd (CUDA graph)``): replay time, the planner run under
-``torch.cuda.set_sync_debug_mode("error")`` (no host sync), capacity vs tasks used.
+``torch.cuda.set_sync_debug_mode("error")`` (no host sync), capacity vs tasks used. The same split forward also
+runs from CUDA-graph buckets (:class:`sparseattn.balance.GraphBuckets`, case ``"routed buckets"``): routed
+layouts of three lengths, each padded into the smallest of the power-of-two buckets N/4, N/2, N that holds it,
+replay time per bucket beside the eager call and a graph at the exact length, and the capacity's waste.
 """
 from __future__ import annotations
 
@@ -226,6 +229,7 @@ def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) ->
     row["cudnn_ms"] = _r(ms_cudnn)
     if name == "routed skewed (synthetic)":
         _graph(q, k, v, layout, base_cfg, case, ideal, records)
+        _buckets(N, H, D, q.dtype, q.device, base_cfg, records)
     table.append(row)
 
 
@@ -285,6 +289,86 @@ def _graph(q, k, v, layout, base_cfg, case, ideal, records) -> None:
         ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
     records.append(Record({**case, "split": "auto"}, Impl.OURS_SPLIT, Pass.FWD_GRAPH, ms,
                           {**extra, **({"error": err} if err else {})}))
+
+
+BUCKETS_CASE = "routed buckets"  #: the case name of the bucket rows (a routed layout per bucket)
+
+
+def bucket_lengths(N: int) -> list:
+    """``[(edge, length)]`` of the bucket rows at base length ``N``: power-of-two edges N/4, N/2, N (tile
+    multiples, at least one tile), each served a layout whose length lies halfway between the edge below and
+    its own (rounded up to a tile; a quarter of the top bucket's tokens padded), so every bucket pads."""
+    edges = balance_edges(N)
+    out, prev = [], edges[0] // 2
+    for e in edges:
+        L = min(e, max(prev + BLOCK, math.ceil((prev + e) / 2 / BLOCK) * BLOCK))
+        out.append((e, L))
+        prev = e
+    return out
+
+
+def balance_edges(N: int) -> list:
+    """The bucket edges of the suite at base length ``N``."""
+    return sorted({max(BLOCK, N // f // BLOCK * BLOCK) for f in (4, 2, 1)})
+
+
+def _buckets(N, H, D, dtype, dev, base_cfg, records) -> None:
+    """CUDA-graph buckets (:class:`sparseattn.balance.GraphBuckets`) for routed layouts of several lengths: per
+    bucket, a routed layout shorter than the bucket padded into it and the split forward replayed from the
+    bucket's graph (``ms``), beside the same layout's eager split call and a graph captured at its exact length
+    (``exact_graph_ms``: what the padding costs in time), the copy into the bucket (``load_ms``) and the
+    capacity's waste (tokens, table slots, plan tasks; :class:`sparseattn.balance.BucketWaste`)."""
+    cfg = FwdConfig(**{**C.config_dict(base_cfg), "split": "auto"})
+    sms = num_sms(torch.device(dev))
+    cuda = torch.device(dev).type == "cuda"
+
+    def step(layout, q, k, v, out):
+        sparse_attention(q, k, v, layout, config=cfg, out=out)
+
+    def buffers(E):
+        return {n: torch.zeros(1, H, E, D, device=dev, dtype=dtype) for n in ("q", "k", "v", "out")}
+    plan = bucket_lengths(N)
+    buckets = BAL.GraphBuckets([e for e, _ in plan], step, buffers, H=H, block_q=BLOCK, block_k=BLOCK,
+                               mask_mod=P.causal(), device=dev)
+    for edge, L in plan:
+        case = {"case": BUCKETS_CASE, "N": L, "bucket": edge, "H": H, "B": 1, "D": D, "dtype": "bf16",
+                "block": BLOCK}
+        extra = {}
+        try:
+            layout = case_layout("routed skewed (synthetic)", L, H, dev)
+            q, k, v = (torch.randn(1, H, L, D, device=dev, dtype=dtype) for _ in range(3))
+            got = buckets.run(layout, q=q, k=k, v=v)["out"].clone()  # captures the bucket's graph
+            eager = sparse_attention(q, k, v, layout, config=cfg)
+            bufs = buckets.buffers(edge)
+            on_static = sparse_attention(bufs["q"], bufs["k"], bufs["v"], buckets.static(edge), config=cfg)
+            extra.update(graph_equals_eager=bool(torch.equal(got, on_static[..., :L, :])),
+                         max_abs_vs_unpadded=float((got.float() - eager.float()).abs().max()),
+                         waste=buckets.waste(layout, block_m=cfg.block_m, split="auto", heads=H, sms=sms,
+                                             head_dim=D).to_json(),
+                         listed_tiles=_listed(layout, H))
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                buckets.run(layout, q=q, k=k, v=v)  # pad, copy_into, replay
+                extra["host_sync_free"] = True
+            except RuntimeError as e:
+                extra.update(host_sync_free=False, sync_error=str(e)[:300])
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+            extra["load_ms"], _ = _time(lambda: buckets.load(layout, q=q, k=k, v=v))
+            extra["eager_ms"], _ = _time(lambda: sparse_attention(q, k, v, layout, config=cfg))
+            exact = BAL.GraphBuckets([L], step, buffers, H=H, block_q=BLOCK, block_k=BLOCK, mask_mod=P.causal(),
+                                     device=dev)
+            exact.run(layout, q=q, k=k, v=v)
+            extra["exact_graph_ms"], _ = _time(lambda: exact.replay(L))
+            buckets.load(layout, q=q, k=k, v=v)
+            ms, err = _time(lambda: buckets.replay(edge))
+            del exact, q, k, v, got, eager, on_static
+        except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
+            ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+        records.append(Record(case, Impl.OURS_SPLIT, Pass.FWD_GRAPH, ms, {**extra, **({"error": err} if err else {})}))
 
 
 def _r(x, nd=3):
