@@ -782,3 +782,35 @@ def test_ch10_reads_a_file_with_flex_rows_and_a_backward_record(tmp_path, monkey
     assert "FlexAttention rows: 6" in text and ">= 1.2x FlexAttention on the skewed cases: missed" in text
     assert "balance_bwd recorded: True" in text and "within 1.15x of its ideal balanced time in 6 of 6" in text
     assert "every replay equals the eager call on its bucket: True" in text
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_balance_suite_splits_over_two_runs_with_cases_and_merge(cpu_stand_ins, tmp_path):
+    """``--cases`` measures a subset; ``--merge`` keeps an earlier file's rows of the other cases (and their
+    equal-rows calibrations), so two 10-minute runs make one file."""
+    from sparseattn.bench import balance as BB
+    cpu_stand_ins.setattr(BB, "CASES", {"causal H=1 N/4": (1, 0.25), "causal": (2, 1)})
+    cpu_stand_ins.setattr(BB, "SPLITS", ("auto",))
+    first, table, _ = BB.run(_args(n="256", cases="0", no_flex=True))
+    assert [r["case"] for r in table] == ["causal H=1 N/4"]
+    assert {r.case["case"] for r in first} == {"causal H=1 N/4", "equal rows"}
+    path = tmp_path / "balance-cpu.json"
+    path.write_text(json.dumps({"suite": "balance", **ENV, "results": [r.to_json() for r in first]}))
+    second, table, _ = BB.run(_args(n="256", cases="causal", merge=str(path), no_flex=True))
+    assert [r["case"] for r in table] == ["causal"]
+    assert [r.to_json() for r in second[:len(first)]] == [r.to_json() for r in first]  # kept, first
+    assert {r.case["case"] for r in second[len(first):]} == {"causal", "equal rows"}
+    bf = BenchFile.from_json({"suite": "balance", **ENV, "results": [r.to_json() for r in second]})
+    assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
+        {(128, 1), (256, 2)}
+    from sparseattn.viz import ch10_load_balance as V
+    assert list(V.recorded_cases(bf)) == ["causal H=1 N/4", "causal"]
+    # re-measuring a case replaces its old rows
+    third, _, _ = BB.run(_args(n="256", cases="0", merge=str(path), no_flex=True))
+    assert len(third) == len(first)
+    with pytest.raises(ValueError, match="--cases"):
+        BB.selected_cases(_args(cases="7"))
+    path.write_text(json.dumps({"suite": "routing", **ENV, "results": []}))
+    with pytest.raises(ValueError, match="--merge expects a 'balance' file"):
+        BB.run(_args(n="256", cases="0", merge=str(path), no_flex=True))

@@ -72,7 +72,12 @@ def parser() -> argparse.ArgumentParser:
                    help="stop starting FlexAttention compiles and new points when this many seconds have passed "
                         "(default: %(default)s)")
     g.add_argument("--merge", default=None,
-                   help="an earlier crossover file of the same GPU: its rows of the parts not measured now are kept")
+                   help="an earlier file of the same suite and GPU (crossover, balance, balance_bwd): its rows of "
+                        "the parts or cases not measured now are kept")
+    g = ap.add_argument_group("balance, balance_bwd")
+    g.add_argument("--cases", default=None,
+                   help="comma-separated case numbers (0-based, in the suite's order) or names: measure only these "
+                        "(split a suite over two runs: the second with --merge the first's file)")
     return ap
 
 

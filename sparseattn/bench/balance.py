@@ -123,13 +123,65 @@ def _predicted(layout, H, D, impl="sparseattn", config=None) -> float:
         return None
 
 
-def case_shapes(args, suite: str):
-    """``(name, H, N)`` of every case at this run's base length (``--n``), in order, under the suite's
-    progress bar; the seed is reset before each case and the allocator's cache emptied after it (the caller
-    drops its tensors first)."""
+def selected_cases(args) -> list:
+    """The case names this run measures: ``--cases`` (0-based numbers in :data:`CASES` order or names,
+    comma-separated), all cases without it. ValueError names an unknown one."""
+    spec = getattr(args, "cases", None)
+    names = list(CASES)
+    if not spec:
+        return names
+    out = []
+    for item in str(spec).split(","):
+        item = item.strip()
+        if item.isdigit() and int(item) < len(names):
+            out.append(names[int(item)])
+        elif item in CASES:
+            out.append(item)
+        else:
+            raise ValueError(f"--cases: {item!r} is neither a case number 0..{len(names) - 1} nor a case name "
+                             f"({names})")
+    return [n for n in names if n in out]
+
+
+def merged_records(args, suite: str, measured: list) -> list:
+    """With ``--merge FILE`` (an earlier ``suite`` file of the same GPU): its records of the cases not measured
+    now (with their bucket rows and the equal-rows calibrations of their shapes), to write before this run's."""
+    path = getattr(args, "merge", None)
+    if not path:
+        return []
+    from .record import load_path
+    old = load_path(path)
+    if old.suite != suite:
+        raise ValueError(f"--merge expects a {suite!r} file, got suite {old.suite!r} ({path})")
+    if torch.cuda.is_available() and old.meta.get("device") != torch.cuda.get_device_name(0):
+        raise ValueError(f"--merge: {path} was measured on {old.meta.get('device')!r}, this run on "
+                         f"{torch.cuda.get_device_name(0)!r}")
     base_n = int(str(args.n).split(",")[0])
-    with C.progress(len(CASES), suite) as bar:
+    now = {(max(BLOCK, int(base_n * CASES[n][1])), CASES[n][0]) for n in measured}  # (N, H) calibrated now
+    keep = []
+    for r in old.records:
+        name = r.case.get("case")
+        if name == "equal rows":
+            if (r.case["N"], r.case["H"]) not in now:
+                keep.append(r)
+        elif name == BUCKETS_CASE:
+            if "routed skewed (synthetic)" not in measured:
+                keep.append(r)
+        elif name not in measured:
+            keep.append(r)
+    return keep
+
+
+def case_shapes(args, suite: str):
+    """``(name, H, N)`` of every case (of ``--cases``) at this run's base length (``--n``), in order, under the
+    suite's progress bar; the seed is reset before each case and the allocator's cache emptied after it (the
+    caller drops its tensors first)."""
+    base_n = int(str(args.n).split(",")[0])
+    chosen = selected_cases(args)
+    with C.progress(len(chosen), suite) as bar:
         for name, (H, mult) in CASES.items():
+            if name not in chosen:
+                continue
             N = max(BLOCK, int(base_n * mult))
             bar.set_postfix_str(f"{name} N={N}")
             torch.manual_seed(0)
@@ -157,7 +209,7 @@ def run(args) -> tuple:
     D = args.head_dim
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    records, table = [], []
+    records, table = merged_records(args, NAME, selected_cases(args)), []
     tile_ms = {}  # (N, H) -> measured ms per listed tile on equal rows
     sms = num_sms(torch.device(dev))  # what the ops plan with
     for name, H, N in case_shapes(args, NAME):
