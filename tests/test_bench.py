@@ -645,7 +645,9 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     assert cases["routed skewed (synthetic)"]["graph"] == g.ms
     assert all(c["graph"] is None for n, c in cases.items() if n != "routed skewed (synthetic)")
     fig = V.recorded_figure(bf)
-    assert [len(t.y) for t in fig.data] == [len(BB.CASES)] * 5 and fig.layout.yaxis.title.text == "time (ms)"
+    # plain, auto, fixed chunk, persistent, FlexAttention (this run measured it), ideal
+    assert [len(t.y) for t in fig.data] == [len(BB.CASES)] * 6 and fig.layout.yaxis.title.text == "time (ms)"
+    assert fig.data[4].name.startswith("FlexAttention")
     # the ideal's calibration: equal rows, one record per (N, H)
     assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
         {(256, 2), (128, 1)}
