@@ -36,6 +36,11 @@ A launch of many waves whose rows are all well under an SM's share keeps its who
 
 :func:`report` is the load-balance lab: the per-program work (tiles) of the plain grid and of the split plan
 in dispatch order, their makespans over the SMs (:func:`makespan`), the balanced ideal and the tail share.
+
+:class:`GraphBuckets` serves sequences of many lengths with a few CUDA graphs: one static dynamic layout and
+one captured step per *bucket* length; a layout is padded into the smallest bucket that holds it
+(:meth:`BlockLayout.copy_into`) and that bucket's graph is replayed. :meth:`GraphBuckets.waste` says what the
+padding and the fixed capacity cost (tokens, table slots and tasks allotted against those used).
 """
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ import heapq
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import NamedTuple, Optional, Union
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -51,7 +56,7 @@ import torch
 from .layout import BlockLayout
 
 __all__ = ["Plan", "plan", "capacity", "auto_chunk", "makespan", "BalanceReport", "report", "program_tiles",
-           "MIN_CHUNK", "FILL_WAVES", "TAIL_PARTS", "TAIL_PARTS_LPT", "WS_BUDGET_BYTES", "H200_SMS"]
+           "GraphBuckets", "BucketWaste", "pow2_edges", "MIN_CHUNK", "FILL_WAVES", "TAIL_PARTS", "TAIL_PARTS_LPT", "WS_BUDGET_BYTES", "H200_SMS"]
 
 MIN_CHUNK = 8  #: shortest split chunk (listed tiles) the auto rule picks
 FILL_WAVES = 2  #: the fill rule's target: tasks x heads <= FILL_WAVES x SMs (FlashInfer: blocks per SM x SMs)
@@ -333,3 +338,302 @@ def report(layout: BlockLayout, B: int = 1, Hq: Optional[int] = None, *, block_m
                          tail_split=tail(ms_split), capacity=p.capacity, ws_capacity=p.ws_capacity,
                          split_row_tasks=int(p.merge[:int(p.n_merge[0]), 2].sum()), hist_plain=hist(plain),
                          hist_split=hist(tasks))
+
+
+# ---- CUDA-graph buckets ------------------------------------------------------------------------------------
+def pow2_edges(max_len: int, min_len: int = 1024, block: int = 128) -> list:
+    """Bucket lengths for :class:`GraphBuckets`: the powers of two from ``min_len`` (raised to ``block``) up to
+    the first one that holds ``max_len``. Consecutive buckets differ by 2x, so a length pads by less than half
+    its bucket (tokens wasted < 50%, about 25% on average for lengths spread evenly in log scale)."""
+    for name, v in (("max_len", max_len), ("min_len", min_len), ("block", block)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if block & (block - 1):
+        raise ValueError(f"block must be a power of two (the layout's tile), got {block}")
+    e = 1 << (max(min_len, block) - 1).bit_length()
+    edges = [e]
+    while edges[-1] < max_len:
+        edges.append(edges[-1] * 2)
+    return edges
+
+
+@dataclass(frozen=True)
+class BucketWaste:
+    """What serving a layout of ``length`` tokens from the bucket of ``bucket`` tokens costs, per unit allotted
+    against used: ``tokens`` (the bucket's length against the sequence's), ``rows`` (query tiles of the table,
+    per layout head), ``slots`` (list entries of the table: ``rows x (width + full_width)`` over the buckets'
+    B x H, against the tiles listed there) and, when a plan was asked for, ``tasks`` (the plan's shape-only
+    capacity per head against its live tasks). ``*_waste`` = 1 - used / allotted."""
+    length: int
+    bucket: int
+    tokens_waste: float
+    rows_used: int
+    rows_allotted: int
+    rows_waste: float
+    slots_used: int
+    slots_allotted: int
+    slots_waste: float
+    tasks_used: Optional[int] = None
+    tasks_allotted: Optional[int] = None
+    tasks_waste: Optional[float] = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _waste(used: int, allotted: int) -> float:
+    return 0.0 if allotted == 0 else 1.0 - used / allotted
+
+
+class GraphBuckets:
+    """One captured CUDA graph per sequence-length bucket, for layouts that change at every step.
+
+    A captured graph replays fixed grids on fixed buffers. :meth:`BlockLayout.with_capacity` gives a table
+    whose *contents* may change between replays (the kernels and :func:`plan` read only its live counts),
+    but its *shape* (the sequence length, the widths) is frozen at capture. To serve every length up to the
+    largest edge, this keeps one static layout, one set of static buffers and one captured ``step`` per edge
+    in ``edges``, and serves a layout of ``L`` tokens from the **smallest edge >= L**:
+
+    1. its lists are padded to that edge's table: query tiles past ``L`` list nothing (their outputs are
+       zero, as for any empty row), rows keep their tiles, the widths are padded with unread slots; then
+       copied in with :meth:`BlockLayout.copy_into` (device copies, no host sync);
+    2. the given inputs are copied into the first ``L`` positions of the bucket's buffers (sequence on
+       dimension -2, as q/k/v ``[B, H, L, D]``) and the positions past ``L`` are zeroed;
+    3. the bucket's graph is replayed (captured on its first use, after a warm-up call; on a CPU, or with
+       ``capture=False``, ``step`` simply runs), and the buffers are returned cut to ``L`` positions.
+
+    The padding is exact only when no tile straddles ``L``: a layout fits when ``q_len == kv_len == L`` and
+    ``L`` is a multiple of both tile sizes (then the padded keys lie in tiles no row lists), its widths are
+    at most the bucket's, and its partial tiles are masked by a mask_mod whose kernel predicate does not
+    depend on the length (causal, bands, sinks: the same predicate as ``mask_mod`` here; a document mask
+    holds a tensor of ids as long as the sequence, so it is refused) or it has no partial tiles
+    (``mask_mod=None``: block masks of full tiles). Pad a sequence to a tile multiple before building its
+    layout (e.g. with an extra document that attends only to itself).
+
+    Args:
+        edges: the bucket lengths, ascending, each a multiple of ``block_q`` and ``block_k``
+            (:func:`pow2_edges` gives powers of two).
+        step: ``step(layout, **buffers)``, the work to capture; it must read and write only the bucket's
+            static layout and buffers (e.g. ``sparse_attention(q, k, v, layout, out=out)``) and make no host
+            sync.
+        buffers: ``buffers(length) -> dict[str, Tensor]``, a bucket's static tensors (inputs and outputs),
+            each with the sequence on dimension -2.
+        B, H, block_q, block_k: the layouts' batch and head dims and tiles.
+        width, full_width: each bucket's list widths: an int, ``f(length) -> int``, or None for the bucket's
+            number of key tiles (any row fits).
+        mask_mod: the mask_mod of the layouts' partial tiles (None: full tiles only).
+        device: where the static tables live (default: CUDA when available).
+        capture: capture CUDA graphs (default: when the device is CUDA).
+
+    Raises ValueError naming the argument and the rule for bad arguments and for a layout that does not fit.
+    """
+
+    def __init__(self, edges: Sequence[int], step: Callable, buffers: Callable, *, B: int = 1, H: int = 1,
+                 block_q: int = 128, block_k: int = 128, width=None, full_width=None, mask_mod=None, device=None,
+                 capture: Optional[bool] = None):
+        from ._checks import check_block, check_int
+        from .predicates import kernel_predicate
+        self.block_q, self.block_k = check_block("block_q", block_q), check_block("block_k", block_k)
+        self.B, self.H = check_int("B", B), check_int("H", H)
+        try:
+            edges = [int(e) for e in edges]
+        except TypeError:
+            raise ValueError(f"edges must be a sequence of ints (bucket lengths), got {edges!r}") from None
+        tile = max(self.block_q, self.block_k)
+        if not edges or any(e < 1 or e % tile for e in edges) or any(a >= b for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"edges must be non-empty, strictly ascending and multiples of the tiles ({tile}), "
+                             f"got {edges}")
+        self.edges = tuple(edges)
+        if not callable(step):
+            raise TypeError(f"step must be callable as step(layout, **buffers), got {type(step).__name__}")
+        if not callable(buffers):
+            raise TypeError(f"buffers must be callable as buffers(length) -> dict, got {type(buffers).__name__}")
+        for name, w in (("width", width), ("full_width", full_width)):
+            if not (w is None or callable(w) or (isinstance(w, int) and not isinstance(w, bool) and w >= 1)):
+                raise ValueError(f"{name} must be None, an int >= 1 or a function of the length, got {w!r}")
+        if mask_mod is not None:
+            pred = kernel_predicate(mask_mod)
+            if pred is None or pred.doc_ids is not None:
+                raise ValueError("mask_mod must have a kernel predicate that does not depend on the length "
+                                 "(causal, bands, sinks) or be None; a document mask's ids have the sequence's "
+                                 f"length; got {getattr(mask_mod, '__name__', mask_mod)!r}")
+        self.step, self._make_buffers, self.mask_mod = step, buffers, mask_mod
+        self._width, self._full_width = width, full_width
+        from ._tiles import default_device
+        self.device = default_device(device)
+        self.capture = self.device.type == "cuda" if capture is None else bool(capture)
+        if self.capture and self.device.type != "cuda":
+            raise ValueError(f"capture=True needs a CUDA device, got {self.device}")
+        self._static: Dict[int, BlockLayout] = {}
+        self._buffers: Dict[int, dict] = {}
+        self._graphs: dict = {}
+
+    # ---- the buckets ----
+    def bucket_for(self, length: int) -> int:
+        """The smallest edge >= ``length``."""
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"length must be an int >= 1, got {length!r}")
+        for e in self.edges:
+            if e >= length:
+                return e
+        raise ValueError(f"length {length} exceeds the largest bucket ({self.edges[-1]}); add a larger edge")
+
+    def _widths(self, edge: int):
+        nk = math.ceil(edge / self.block_k)
+
+        def get(w):
+            w = nk if w is None else w(edge) if callable(w) else w
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise ValueError(f"a width function must return an int >= 1, got {w!r} for length {edge}")
+            return w
+        return get(self._width), get(self._full_width)
+
+    def static(self, edge: int) -> BlockLayout:
+        """The bucket's static dynamic layout (made on first use)."""
+        if edge not in self.edges:
+            raise ValueError(f"edge must be one of the buckets {self.edges}, got {edge!r}")
+        if edge not in self._static:
+            w, fw = self._widths(edge)
+            self._static[edge] = BlockLayout.with_capacity(self.B, self.H, edge, edge, self.block_q, self.block_k,
+                                                           width=w, full_width=fw, mask_mod=self.mask_mod,
+                                                           device=self.device)
+        return self._static[edge]
+
+    def buffers(self, edge: int) -> dict:
+        """The bucket's static buffers (made on first use), whole (``edge`` positions)."""
+        if edge not in self._buffers:
+            self.static(edge)  # checks the edge
+            bufs = self._make_buffers(edge)
+            if not isinstance(bufs, dict) or not all(isinstance(t, torch.Tensor) and t.dim() >= 2
+                                                     and t.shape[-2] == edge for t in bufs.values()):
+                raise ValueError(f"buffers({edge}) must return a dict of tensors with the sequence ({edge}) on "
+                                 "dimension -2")
+            self._buffers[edge] = bufs
+        return self._buffers[edge]
+
+    # ---- padding ----
+    def pad(self, layout: BlockLayout) -> BlockLayout:
+        """``layout``'s lists at the capacity of its bucket: a trusted dynamic layout of the bucket's length
+        (device ops, no host sync), ready for ``copy_into``."""
+        if not isinstance(layout, BlockLayout):
+            raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
+        L = layout.q_len
+        if layout.kv_len != L:
+            raise ValueError(f"layout must have q_len == kv_len to be bucketed by length, got {L} and "
+                             f"{layout.kv_len}")
+        if (layout.block_q, layout.block_k) != (self.block_q, self.block_k):
+            raise ValueError(f"layout tiles ({layout.block_q}, {layout.block_k}) differ from the buckets' "
+                             f"({self.block_q}, {self.block_k})")
+        if layout.B not in (1, self.B) or layout.H not in (1, self.H):
+            raise ValueError(f"layout (B={layout.B}, H={layout.H}) must equal the buckets' (B={self.B}, "
+                             f"H={self.H}) or be 1 there (shared, then repeated)")
+        if layout.tile_bits is not None or layout.row_slot is not None:
+            raise ValueError("layout must mask its partial tiles with a mask_mod (tile_bits and member bits have "
+                             "no padded form here)")
+        if layout.q_offset != 0:
+            raise ValueError(f"layout must have q_offset 0 (queries at the positions of the keys), got "
+                             f"{layout.q_offset}")
+        edge = self.bucket_for(L)
+        if L != edge and (L % self.block_q or L % self.block_k):
+            raise ValueError(f"layout length {L} must be a multiple of the tiles ({self.block_q}, "
+                             f"{self.block_k}) to pad into the bucket of {edge}: a tile across the end would "
+                             "read padded keys")
+        static = self.static(edge)
+        if layout.width > static.width or layout.full_width > static.full_width:
+            raise ValueError(f"layout widths ({layout.width}, {layout.full_width}) exceed the bucket's capacity "
+                             f"({static.width}, {static.full_width}); raise width/full_width")
+        nq = layout.nq
+
+        def grow(t, w):  # [LB, LH, nq(, w0)] -> [B, H, nq_edge(, w)], zeros past the layout's own
+            out = torch.zeros(self.B, self.H, static.nq, *([w] if t.dim() == 4 else []), dtype=t.dtype,
+                              device=self.device)
+            if t.dim() == 4:
+                out[:, :, :nq, : t.shape[-1]] = t
+            else:
+                out[:, :, :nq] = t
+            return out
+        src = layout.to(self.device)
+        return BlockLayout.from_lists(grow(src.kv_count, 0), grow(src.kv_index, static.width),
+                                      grow(src.full_count, 0), grow(src.full_index, static.full_width), q_len=edge,
+                                      kv_len=edge, block_q=self.block_q, block_k=self.block_k,
+                                      mask_mod=layout.mask_mod, trusted=True,
+                                      transposed_width=static.transposed_lists().q_index.shape[-1])
+
+    def load(self, layout: BlockLayout, **inputs) -> int:
+        """Pad ``layout`` into its bucket's static layout and copy ``inputs`` (names of the bucket's buffers)
+        into the buffers' first ``L`` positions, zeroing the rest; return the bucket's edge."""
+        padded = self.pad(layout)
+        edge = padded.q_len
+        padded.copy_into(self.static(edge))
+        bufs = self.buffers(edge)
+        L = layout.q_len
+        for name, t in inputs.items():
+            if name not in bufs:
+                raise ValueError(f"input {name!r} is not a buffer of the buckets ({sorted(bufs)})")
+            buf = bufs[name]
+            if not isinstance(t, torch.Tensor) or t.dim() != buf.dim() or t.shape[-2] != L or \
+                    t.shape[:-2] != buf.shape[:-2] or t.shape[-1] != buf.shape[-1]:
+                raise ValueError(f"input {name!r} must have the buffer's shape {tuple(buf.shape)} with {L} on "
+                                 f"dimension -2, got {tuple(t.shape) if isinstance(t, torch.Tensor) else t!r}")
+            buf[..., :L, :].copy_(t)
+            buf[..., L:, :].zero_()
+        return edge
+
+    def replay(self, edge: int) -> None:
+        """Run the bucket's step on its static layout and buffers: the captured graph (captured now if this is
+        its first replay), or the step itself without capture."""
+        layout, bufs = self.static(edge), self.buffers(edge)
+        if not self.capture:
+            self.step(layout, **bufs)
+            return
+        if edge not in self._graphs:
+            self._graphs[edge] = _capture(lambda: self.step(layout, **bufs))
+        self._graphs[edge].replay()
+
+    def run(self, layout: BlockLayout, **inputs) -> dict:
+        """:meth:`load`, :meth:`replay`; the bucket's buffers cut to the layout's ``L`` positions (views)."""
+        edge = self.load(layout, **inputs)
+        self.replay(edge)
+        L = layout.q_len
+        return {name: t[..., :L, :] for name, t in self.buffers(edge).items()}
+
+    @property
+    def captured(self) -> tuple:
+        """The edges whose graph is captured."""
+        return tuple(sorted(self._graphs))
+
+    def waste(self, layout: BlockLayout, *, block_m: Optional[int] = None, split: Union[int, str, None] = None,
+              heads: int = 1, sms: int = H200_SMS, head_dim: int = 128) -> BucketWaste:
+        """What serving ``layout`` from its bucket costs (:class:`BucketWaste`); with ``block_m`` and ``split``
+        also the split plan's tasks, planned on the padded table as the captured step plans them (``heads``
+        = B x Hq programs per task). Reads counts back to the host: a report, not for the hot path."""
+        padded = self.pad(layout)
+        edge = padded.q_len
+        used_rows = layout.nq
+        listed = int(padded.kv_count.sum() + padded.full_count.sum())  # over the bucket's B x H
+        slots = self.B * self.H * padded.nq * (padded.width + padded.full_width)
+        tasks = {}
+        if split is not None:
+            if block_m is None:
+                raise ValueError("block_m is needed with split (the plan's kernel query tile)")
+            p = plan(padded, block_m, split, heads, sms, head_dim)
+            n = int(p.n_tasks[0])
+            tasks = dict(tasks_used=n, tasks_allotted=p.capacity, tasks_waste=_waste(n, p.capacity))
+        return BucketWaste(length=layout.q_len, bucket=edge, tokens_waste=_waste(layout.q_len, edge),
+                           rows_used=used_rows, rows_allotted=padded.nq, rows_waste=_waste(used_rows, padded.nq),
+                           slots_used=listed, slots_allotted=slots, slots_waste=_waste(listed, slots), **tasks)
+
+
+def _capture(fn: Callable):
+    """``fn`` in a CUDA graph: one warm-up call on a side stream (compiles kernels, fills caches), then the
+    capture on the same stream. Returns the graph."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph

@@ -647,6 +647,7 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     cpu_stand_ins.setattr(BB, "CASES", {"documents lognormal": (2, 1), "routed skewed (synthetic)": (2, 1),
                                         "causal H=1 N/4": (1, 0.25)})
     cpu_stand_ins.setattr(BB, "SPLITS", ("auto", 1))
+    cpu_stand_ins.setattr(BB, "bucket_lengths", lambda N: [(128, 128), (384, 256)])
     records, table, cols = BB.run(_args(n="256"))
     bf = _check_run(BB, records, table, cols, (Impl.OURS, Pass.FWD), (Impl.OURS_SPLIT, Pass.FWD),
                     (Impl.FLEX, Pass.FWD), (Impl.CUDNN, Pass.FWD), (Impl.OURS_SPLIT, Pass.FWD_GRAPH))
@@ -670,6 +671,18 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     assert all(row[name]["persist_ms"] > 0 for name in BB.CASES)
     g = bf.one(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case="routed skewed (synthetic)")
     assert g.ms > 0 and g.get("graph_equals_eager") is True and g.get("host_sync_free") is True
+    # the CUDA-graph buckets: one row per bucket, the layout padded into it, its waste and the exact-length graph
+    rows = bf.select(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case=BB.BUCKETS_CASE)
+    assert [(r.case["bucket"], r.case["N"]) for r in rows] == [(128, 128), (384, 256)]
+    for r in rows:
+        assert "error" not in r.extra, r.extra
+        assert r.ms > 0 and r.get("graph_equals_eager") is True and r.get("host_sync_free") is True
+        assert r.get("max_abs_vs_unpadded") < 1e-4 and min(r.get(k) for k in ("load_ms", "eager_ms",
+                                                                                "exact_graph_ms")) > 0
+        w = r.get("waste")
+        assert w["bucket"] == r.case["bucket"] and w["tasks_used"] <= w["tasks_allotted"]
+        assert w["tokens_waste"] == 1 - r.case["N"] / r.case["bucket"]
+    assert rows[1].get("waste")["rows_allotted"] == 3 and rows[1].get("waste")["rows_used"] == 2
     from sparseattn.viz import ch10_load_balance as V  # what chapter 10 shows once the suite is recorded
     t = V.recorded_table(bf)
     assert t.column("case") == list(BB.CASES) and "failed" not in str(t.rows)
@@ -682,7 +695,9 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     assert cases["routed skewed (synthetic)"]["graph"] == g.ms
     assert all(c["graph"] is None for n, c in cases.items() if n != "routed skewed (synthetic)")
     fig = V.recorded_figure(bf)
-    assert [len(t.y) for t in fig.data] == [len(BB.CASES)] * 5 and fig.layout.yaxis.title.text == "time (ms)"
+    # plain, auto, fixed chunk, persistent, FlexAttention (this run measured it), ideal
+    assert [len(t.y) for t in fig.data] == [len(BB.CASES)] * 6 and fig.layout.yaxis.title.text == "time (ms)"
+    assert fig.data[4].name.startswith("FlexAttention")
     # the ideal's calibration: equal rows, one record per (N, H)
     assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
         {(256, 2), (128, 1)}
@@ -735,3 +750,119 @@ def test_ch10_recorded_balance_figure_reads_the_record():
     assert ("FlexAttention (ms)" in table.columns) == bool(flex_rows)
     assert ("not in this run: FlexAttention" in table.caption) == (not flex_rows)
     assert "persistent (ms)" not in V.recorded_table(thin).columns
+
+
+def _synthetic_balance_files(tmp_path):
+    """A ``balance`` file that HAS FlexAttention rows and bucket rows (the recorded file plus made-up rows) and a
+    ``balance_bwd`` file, written to ``tmp_path`` only (never to book/data/bench): what chapter 10 must read
+    once the GPU runs with FlexAttention and the backward suite land."""
+    from sparseattn import book
+    from sparseattn.viz import ch10_load_balance as V
+    doc = book.load_bench("balance").to_json()
+    cases = V.recorded_cases(BenchFile.from_json(doc))
+    flex = {name: round(V.best_ours(c)[0] * f, 4) for (name, c), f in zip(cases.items(), (1.3, 1.1, 2.0, 1.25, 0.9,
+                                                                                         0.5))}
+    for name, ms in flex.items():
+        doc["results"].append(Record({"case": name, "N": cases[name]["N"], "H": cases[name]["H"], "B": 1, "D": 128,
+                                      "dtype": "bf16"}, Impl.FLEX, Pass.FWD, ms, {}).to_json())
+    doc["results"].append(Record({"case": "routed buckets", "N": 6144, "bucket": 8192, "H": 16, "B": 1, "D": 128,
+                                  "dtype": "bf16", "block": 128}, Impl.OURS_SPLIT, Pass.FWD_GRAPH, 0.5,
+                                 {"exact_graph_ms": 0.45, "eager_ms": 0.6, "load_ms": 0.02,
+                                  "graph_equals_eager": True, "waste": {"tokens_waste": 0.25, "slots_waste": 0.9,
+                                                                        "tasks_waste": 0.3}}).to_json())
+    bwd = {"suite": "balance_bwd", **ENV, "results": []}
+    for i, (name, c) in enumerate(cases.items()):
+        case = {"case": name, "N": c["N"], "H": c["H"], "B": 1, "D": 128, "dtype": "bf16"}
+        ideal = 1.0 + i
+        bwd["results"] += [Record({**case, "dq_split": None}, Impl.OURS, Pass.BWD, ideal * 1.1, {"ideal_ms": ideal}),
+                           Record({**case, "dq_split": "auto"}, Impl.OURS_SPLIT, Pass.BWD, ideal * (1.3 - 0.1 * (i % 2)),
+                                  {"ideal_ms": ideal}),
+                           Record(case, Impl.FLEX, Pass.BWD, ideal * 1.5, {"ideal_ms": ideal})]
+    bwd["results"] = [r.to_json() for r in bwd["results"]]
+    (tmp_path / "balance-h200.json").write_text(json.dumps(doc))
+    (tmp_path / "balance_bwd-h200.json").write_text(json.dumps(bwd))
+    return flex
+
+
+def test_ch10_reads_a_file_with_flex_rows_and_a_backward_record(tmp_path, monkeypatch):
+    """Chapter 10 with a run that measured FlexAttention and recorded balance_bwd (synthetic files in a tmpdir):
+    the Flex column and the ratio against our fastest variant appear, the 1.2x target on the skewed cases is
+    stated met or missed from the data, the bucket table shows, and the backward's table and figure appear
+    beside its ideal. The notebook's own cells for these are executed against the same files."""
+    from sparseattn import book
+    from sparseattn.viz import ch10_load_balance as V
+    flex = _synthetic_balance_files(tmp_path)
+    bf = load_path(tmp_path / "balance-h200.json")
+    t = V.recorded_table(bf)
+    assert "FlexAttention (ms)" in t.columns and "FlexAttention / our fastest" in t.columns
+    assert "not in this run" not in t.caption
+    rec = V.recorded_cases(bf)
+    assert t.column("FlexAttention / our fastest") == [f"{flex[n] / V.best_ours(c)[0]:.2f}" for n, c in rec.items()]
+    target = V.flex_target(bf)
+    assert list(target) == list(V.SKEWED)
+    assert [target[n]["met"] for n in V.SKEWED] == [True, False, True]  # 1.3x, 1.1x, 1.25x
+    assert "missed (2 of 3 met" in V.flex_verdict(target)
+    assert "met (3 of 3" in V.flex_verdict({n: {**x, "met": True} for n, x in target.items()})
+    assert V.recorded_figure(bf).data[4].name.startswith("FlexAttention")  # a Flex bar beside ours
+    assert V.bucket_table(bf).column("tokens padded") == ["25%"]
+    assert V.flex_target(load_path(pathlib.Path(book.BENCH_DIR) / "balance-h200.json")) is None  # --no-flex run
+    bwd = load_path(tmp_path / "balance_bwd-h200.json")
+    bt = V.recorded_bwd_table(bwd)
+    assert bt.columns[-2:] == ["our faster / ideal", "FlexAttention / our faster"] and len(bt.rows) == len(rec)
+    assert bt.column("our faster / ideal") == ["1.10", "1.10"] * 3
+    near = V.bwd_near_ideal(bwd)
+    assert all(x["met"] for x in near.values())
+    fig = V.recorded_bwd_figure(bwd)
+    assert [d.name for d in fig.data][:3] == ["plain dQ pass", "split dQ pass", "FlexAttention backward"]
+    assert fig.layout.yaxis.title.text == "time (ms)"
+    # the notebook's cells that depend on what the files hold, run against the synthetic files
+    monkeypatch.setattr(book, "BENCH_DIR", tmp_path)
+    nb = json.loads((pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "10_load_balance.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    wanted = [s for s in sources if s.startswith(('bf = book.load_bench("balance")', "target = viz.flex_target",
+                                                   "buckets = viz.bucket_table", "from sparseattn.ops import BwdConfig"))]
+    assert len(wanted) == 4
+    import io
+    from contextlib import redirect_stdout
+    from sparseattn.ops import FwdConfig
+    ns = {"book": book, "viz": V, "display": lambda x: None, "FwdConfig": FwdConfig}
+    out = io.StringIO()
+    with redirect_stdout(out):
+        for s in wanted:
+            exec(s, ns)  # noqa: S102 - the notebook's own cells
+    text = out.getvalue()
+    assert "FlexAttention rows: 6" in text and ">= 1.2x FlexAttention on the skewed cases: missed" in text
+    assert "balance_bwd recorded: True" in text and "within 1.15x of its ideal balanced time in 6 of 6" in text
+    assert "every replay equals the eager call on its bucket: True" in text
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
+def test_balance_suite_splits_over_two_runs_with_cases_and_merge(cpu_stand_ins, tmp_path):
+    """``--cases`` measures a subset; ``--merge`` keeps an earlier file's rows of the other cases (and their
+    equal-rows calibrations), so two 10-minute runs make one file."""
+    from sparseattn.bench import balance as BB
+    cpu_stand_ins.setattr(BB, "CASES", {"causal H=1 N/4": (1, 0.25), "causal": (2, 1)})
+    cpu_stand_ins.setattr(BB, "SPLITS", ("auto",))
+    first, table, _ = BB.run(_args(n="256", cases="0", no_flex=True))
+    assert [r["case"] for r in table] == ["causal H=1 N/4"]
+    assert {r.case["case"] for r in first} == {"causal H=1 N/4", "equal rows"}
+    path = tmp_path / "balance-cpu.json"
+    path.write_text(json.dumps({"suite": "balance", **ENV, "results": [r.to_json() for r in first]}))
+    second, table, _ = BB.run(_args(n="256", cases="causal", merge=str(path), no_flex=True))
+    assert [r["case"] for r in table] == ["causal"]
+    assert [r.to_json() for r in second[:len(first)]] == [r.to_json() for r in first]  # kept, first
+    assert {r.case["case"] for r in second[len(first):]} == {"causal", "equal rows"}
+    bf = BenchFile.from_json({"suite": "balance", **ENV, "results": [r.to_json() for r in second]})
+    assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
+        {(128, 1), (256, 2)}
+    from sparseattn.viz import ch10_load_balance as V
+    assert list(V.recorded_cases(bf)) == ["causal H=1 N/4", "causal"]
+    # re-measuring a case replaces its old rows
+    third, _, _ = BB.run(_args(n="256", cases="0", merge=str(path), no_flex=True))
+    assert len(third) == len(first)
+    with pytest.raises(ValueError, match="--cases"):
+        BB.selected_cases(_args(cases="7"))
+    path.write_text(json.dumps({"suite": "routing", **ENV, "results": []}))
+    with pytest.raises(ValueError, match="--merge expects a 'balance' file"):
+        BB.run(_args(n="256", cases="0", merge=str(path), no_flex=True))

@@ -16,7 +16,10 @@ rows, the chunk the planner chose and the tasks it made. Each case also runs the
 "auto" split (``FwdConfig.persistent``: a fixed grid of about two programs per SM looping over the same
 tasks), recorded as a split row with ``"persistent": true`` (the other split rows say ``false``). The routed case is also captured in a CUDA graph
 on a dynamic layout of fixed capacity (``fwd (CUDA graph)``): replay time, the planner run under
-``torch.cuda.set_sync_debug_mode("error")`` (no host sync), capacity vs tasks used.
+``torch.cuda.set_sync_debug_mode("error")`` (no host sync), capacity vs tasks used. The same split forward also
+runs from CUDA-graph buckets (:class:`sparseattn.balance.GraphBuckets`, case ``"routed buckets"``): routed
+layouts of three lengths, each padded into the smallest of the power-of-two buckets N/4, N/2, N that holds it,
+replay time per bucket beside the eager call and a graph at the exact length, and the capacity's waste.
 """
 from __future__ import annotations
 
@@ -120,13 +123,65 @@ def _predicted(layout, H, D, impl="sparseattn", config=None) -> float:
         return None
 
 
-def case_shapes(args, suite: str):
-    """``(name, H, N)`` of every case at this run's base length (``--n``), in order, under the suite's
-    progress bar; the seed is reset before each case and the allocator's cache emptied after it (the caller
-    drops its tensors first)."""
+def selected_cases(args) -> list:
+    """The case names this run measures: ``--cases`` (0-based numbers in :data:`CASES` order or names,
+    comma-separated), all cases without it. ValueError names an unknown one."""
+    spec = getattr(args, "cases", None)
+    names = list(CASES)
+    if not spec:
+        return names
+    out = []
+    for item in str(spec).split(","):
+        item = item.strip()
+        if item.isdigit() and int(item) < len(names):
+            out.append(names[int(item)])
+        elif item in CASES:
+            out.append(item)
+        else:
+            raise ValueError(f"--cases: {item!r} is neither a case number 0..{len(names) - 1} nor a case name "
+                             f"({names})")
+    return [n for n in names if n in out]
+
+
+def merged_records(args, suite: str, measured: list) -> list:
+    """With ``--merge FILE`` (an earlier ``suite`` file of the same GPU): its records of the cases not measured
+    now (with their bucket rows and the equal-rows calibrations of their shapes), to write before this run's."""
+    path = getattr(args, "merge", None)
+    if not path:
+        return []
+    from .record import load_path
+    old = load_path(path)
+    if old.suite != suite:
+        raise ValueError(f"--merge expects a {suite!r} file, got suite {old.suite!r} ({path})")
+    if torch.cuda.is_available() and old.meta.get("device") != torch.cuda.get_device_name(0):
+        raise ValueError(f"--merge: {path} was measured on {old.meta.get('device')!r}, this run on "
+                         f"{torch.cuda.get_device_name(0)!r}")
     base_n = int(str(args.n).split(",")[0])
-    with C.progress(len(CASES), suite) as bar:
+    now = {(max(BLOCK, int(base_n * CASES[n][1])), CASES[n][0]) for n in measured}  # (N, H) calibrated now
+    keep = []
+    for r in old.records:
+        name = r.case.get("case")
+        if name == "equal rows":
+            if (r.case["N"], r.case["H"]) not in now:
+                keep.append(r)
+        elif name == BUCKETS_CASE:
+            if "routed skewed (synthetic)" not in measured:
+                keep.append(r)
+        elif name not in measured:
+            keep.append(r)
+    return keep
+
+
+def case_shapes(args, suite: str):
+    """``(name, H, N)`` of every case (of ``--cases``) at this run's base length (``--n``), in order, under the
+    suite's progress bar; the seed is reset before each case and the allocator's cache emptied after it (the
+    caller drops its tensors first)."""
+    base_n = int(str(args.n).split(",")[0])
+    chosen = selected_cases(args)
+    with C.progress(len(chosen), suite) as bar:
         for name, (H, mult) in CASES.items():
+            if name not in chosen:
+                continue
             N = max(BLOCK, int(base_n * mult))
             bar.set_postfix_str(f"{name} N={N}")
             torch.manual_seed(0)
@@ -154,7 +209,7 @@ def run(args) -> tuple:
     D = args.head_dim
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    records, table = [], []
+    records, table = merged_records(args, NAME, selected_cases(args)), []
     tile_ms = {}  # (N, H) -> measured ms per listed tile on equal rows
     sms = num_sms(torch.device(dev))  # what the ops plan with
     for name, H, N in case_shapes(args, NAME):
@@ -226,6 +281,7 @@ def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) ->
     row["cudnn_ms"] = _r(ms_cudnn)
     if name == "routed skewed (synthetic)":
         _graph(q, k, v, layout, base_cfg, case, ideal, records)
+        _buckets(N, H, D, q.dtype, q.device, base_cfg, records)
     table.append(row)
 
 
@@ -285,6 +341,86 @@ def _graph(q, k, v, layout, base_cfg, case, ideal, records) -> None:
         ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
     records.append(Record({**case, "split": "auto"}, Impl.OURS_SPLIT, Pass.FWD_GRAPH, ms,
                           {**extra, **({"error": err} if err else {})}))
+
+
+BUCKETS_CASE = "routed buckets"  #: the case name of the bucket rows (a routed layout per bucket)
+
+
+def bucket_lengths(N: int) -> list:
+    """``[(edge, length)]`` of the bucket rows at base length ``N``: power-of-two edges N/4, N/2, N (tile
+    multiples, at least one tile), each served a layout whose length lies halfway between the edge below and
+    its own (rounded up to a tile; a quarter of the top bucket's tokens padded), so every bucket pads."""
+    edges = balance_edges(N)
+    out, prev = [], edges[0] // 2
+    for e in edges:
+        L = min(e, max(prev + BLOCK, math.ceil((prev + e) / 2 / BLOCK) * BLOCK))
+        out.append((e, L))
+        prev = e
+    return out
+
+
+def balance_edges(N: int) -> list:
+    """The bucket edges of the suite at base length ``N``."""
+    return sorted({max(BLOCK, N // f // BLOCK * BLOCK) for f in (4, 2, 1)})
+
+
+def _buckets(N, H, D, dtype, dev, base_cfg, records) -> None:
+    """CUDA-graph buckets (:class:`sparseattn.balance.GraphBuckets`) for routed layouts of several lengths: per
+    bucket, a routed layout shorter than the bucket padded into it and the split forward replayed from the
+    bucket's graph (``ms``), beside the same layout's eager split call and a graph captured at its exact length
+    (``exact_graph_ms``: what the padding costs in time), the copy into the bucket (``load_ms``) and the
+    capacity's waste (tokens, table slots, plan tasks; :class:`sparseattn.balance.BucketWaste`)."""
+    cfg = FwdConfig(**{**C.config_dict(base_cfg), "split": "auto"})
+    sms = num_sms(torch.device(dev))
+    cuda = torch.device(dev).type == "cuda"
+
+    def step(layout, q, k, v, out):
+        sparse_attention(q, k, v, layout, config=cfg, out=out)
+
+    def buffers(E):
+        return {n: torch.zeros(1, H, E, D, device=dev, dtype=dtype) for n in ("q", "k", "v", "out")}
+    plan = bucket_lengths(N)
+    buckets = BAL.GraphBuckets([e for e, _ in plan], step, buffers, H=H, block_q=BLOCK, block_k=BLOCK,
+                               mask_mod=P.causal(), device=dev)
+    for edge, L in plan:
+        case = {"case": BUCKETS_CASE, "N": L, "bucket": edge, "H": H, "B": 1, "D": D, "dtype": "bf16",
+                "block": BLOCK}
+        extra = {}
+        try:
+            layout = case_layout("routed skewed (synthetic)", L, H, dev)
+            q, k, v = (torch.randn(1, H, L, D, device=dev, dtype=dtype) for _ in range(3))
+            got = buckets.run(layout, q=q, k=k, v=v)["out"].clone()  # captures the bucket's graph
+            eager = sparse_attention(q, k, v, layout, config=cfg)
+            bufs = buckets.buffers(edge)
+            on_static = sparse_attention(bufs["q"], bufs["k"], bufs["v"], buckets.static(edge), config=cfg)
+            extra.update(graph_equals_eager=bool(torch.equal(got, on_static[..., :L, :])),
+                         max_abs_vs_unpadded=float((got.float() - eager.float()).abs().max()),
+                         waste=buckets.waste(layout, block_m=cfg.block_m, split="auto", heads=H, sms=sms,
+                                             head_dim=D).to_json(),
+                         listed_tiles=_listed(layout, H))
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                buckets.run(layout, q=q, k=k, v=v)  # pad, copy_into, replay
+                extra["host_sync_free"] = True
+            except RuntimeError as e:
+                extra.update(host_sync_free=False, sync_error=str(e)[:300])
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+            extra["load_ms"], _ = _time(lambda: buckets.load(layout, q=q, k=k, v=v))
+            extra["eager_ms"], _ = _time(lambda: sparse_attention(q, k, v, layout, config=cfg))
+            exact = BAL.GraphBuckets([L], step, buffers, H=H, block_q=BLOCK, block_k=BLOCK, mask_mod=P.causal(),
+                                     device=dev)
+            exact.run(layout, q=q, k=k, v=v)
+            extra["exact_graph_ms"], _ = _time(lambda: exact.replay(L))
+            buckets.load(layout, q=q, k=k, v=v)
+            ms, err = _time(lambda: buckets.replay(edge))
+            del exact, q, k, v, got, eager, on_static
+        except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
+            ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+        records.append(Record(case, Impl.OURS_SPLIT, Pass.FWD_GRAPH, ms, {**extra, **({"error": err} if err else {})}))
 
 
 def _r(x, nd=3):

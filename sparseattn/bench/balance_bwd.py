@@ -21,7 +21,8 @@ from ..ops import sparse_attention
 from ..ops._launch import num_sms
 from ..ops.config import layout_default
 from . import _common as C
-from .balance import BLOCK, _listed, _r, _ratio, case_layout, case_shapes, tile_ms_on_equal_rows
+from .balance import (BLOCK, _listed, _r, _ratio, case_layout, case_shapes, merged_records, selected_cases,
+                      tile_ms_on_equal_rows)
 from .record import Impl, Pass, Record
 
 NAME = "balance_bwd"
@@ -37,7 +38,7 @@ def run(args) -> tuple:
     D = args.head_dim
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    records, table = [], []
+    records, table = merged_records(args, NAME, selected_cases(args)), []
     tile_ms = {}  # (N, H) -> measured backward ms per listed tile on equal rows
     sms = num_sms(torch.device(dev))
     for name, H, N in case_shapes(args, NAME):

@@ -19,12 +19,18 @@ from ..layout import BlockLayout
 from . import COLORS, Table
 
 __all__ = ["CASES", "case_report", "case_table", "cost_table", "histogram_figure", "tile_ms", "docs_layout",
-           "explorer_figure", "recorded_table", "recorded_cases", "recorded_figure", "D", "SMS"]
+           "explorer_figure", "recorded_table", "recorded_cases", "recorded_figure", "best_ours", "flex_target",
+           "SKEWED", "FLEX_TARGET", "IDEAL_TARGET", "flex_verdict", "bucket_table", "bwd_near_ideal", "recorded_bwd_cases", "recorded_bwd_table",
+           "recorded_bwd_figure", "D", "SMS"]
 
 CASES = list(BB.CASES)  #: the balance suite's cases, by name
 D = 128  #: head dim of the suite (the workspace of a split row is block_m x (D + 1) floats)
 SMS = BAL.H200_SMS
 BASE_N = int(BB.DEFAULT_N)
+#: the issue's skewed cases (heavy-tailed row lengths), where the target against FlexAttention applies
+SKEWED = ("documents lognormal", "documents lognormal 2N", "routed skewed (synthetic)")
+FLEX_TARGET = 1.2  #: the issue's target on the skewed cases: FlexAttention's time / ours >= this
+IDEAL_TARGET = 1.15  #: ... and on every case: ours / the ideal balanced time <= this
 
 
 def _n_heads(name: str):
@@ -167,20 +173,90 @@ def recorded_table(bf: BenchFile) -> Table:
         timed = [r for r in c["split"].values() if r.ms is not None]
         best = min(timed, key=lambda r: r.ms) if timed else None
         plain, ideal = c["plain"], c["ideal_ms"]
+        ours, _ = best_ours(c)
         rows.append([name, c["N"], c["H"], fmt(plain), fmt(auto.ms if auto else None),
                      f"{best.case['split']}:\u00a0{best.ms:.3f}" if best else "failed",  # one unbroken token
                      maybe(c["persistent"]), maybe(c["flex"]), maybe(c["cudnn"]), fmt(ideal),
                      fmt(c["predicted_ms"]), f"{plain / ideal:.2f}" if plain and ideal else "",
-                     f"{best.ms / ideal:.2f}" if best and ideal else ""])
+                     f"{best.ms / ideal:.2f}" if best and ideal else "",
+                     f"{c['flex'] / ours:.2f}" if c["flex"] and ours else "not measured"])
     header = ["case", "N", "heads", "plain (ms)", "split auto (ms)", "best split: ms", "persistent (ms)",
               "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "predicted, plain (ms)", "plain / ideal",
-              "best split / ideal"]
+              "best split / ideal", "FlexAttention / our fastest"]
     # a column no case measured (FlexAttention in a run without it) is left out and named in the caption
     empty = [j for j in range(len(header)) if rows and all(r[j] == "not measured" for r in rows)]
     keep = [j for j in range(len(header)) if j not in empty]
-    note = "; not in this run: " + ", ".join(header[j].split(" (")[0] for j in empty) if empty else ""
+    note = _not_in_run(header, empty)
     return Table([header[j] for j in keep], [[r[j] for j in keep] for r in rows],
                  caption=f"Forward, bf16, D=128; {bf.caption()}{note}")
+
+
+def _not_in_run(header: list, empty: list) -> str:
+    """The caption's note naming the series a run did not measure (their ratio columns go with them)."""
+    names = [header[j].split(" (")[0] for j in empty if " / " not in header[j]]
+    return "; not in this run: " + ", ".join(names) if names else ""
+
+
+def best_ours(c: dict):
+    """Our fastest variant of a :func:`recorded_cases` entry: ``(ms, label)`` over the plain grid, every split
+    and the persistent grid (``(None, "")`` when none was timed)."""
+    timed = [(c["plain"], "plain")] + [(r.ms, f"split {s}") for s, r in c["split"].items()] + \
+        [(c["persistent"], "persistent")]
+    timed = [(ms, label) for ms, label in timed if ms is not None]
+    return min(timed) if timed else (None, "")
+
+
+def flex_target(bf: BenchFile, target: float = FLEX_TARGET) -> Optional[dict]:
+    """The issue's target against FlexAttention on the skewed cases (:data:`SKEWED` present in the file):
+    ``{case: {"flex", "ours", "variant", "ratio", "met"}}`` with ratio = FlexAttention's ms / our fastest
+    variant's ms and met = ratio >= ``target``; a case whose Flex or our time failed has ratio None and met
+    False. None when the file has no FlexAttention forward row (a ``--no-flex`` run)."""
+    if not bf.select(Impl.FLEX, Pass.FWD):
+        return None
+    out = {}
+    for name, c in recorded_cases(bf).items():
+        if name not in SKEWED:
+            continue
+        ours, label = best_ours(c)
+        ratio = c["flex"] / ours if c["flex"] and ours else None
+        out[name] = {"flex": c["flex"], "ours": ours, "variant": label, "ratio": ratio,
+                     "met": ratio is not None and ratio >= target}
+    return out
+
+
+def flex_verdict(target: dict) -> str:
+    """The sentence that states :func:`flex_target`'s result: met or missed, and each case's ratio."""
+    met = [n for n, t in target.items() if t["met"]]
+    each = "; ".join(f"{n}: {t['ratio']:.2f}x ({t['variant']})" if t["ratio"] else f"{n}: failed"
+                     for n, t in target.items())
+    return (f">= {FLEX_TARGET}x FlexAttention on the skewed cases: "
+            f"{'met' if target and len(met) == len(target) else 'missed'} ({len(met)} of {len(target)} met; "
+            f"FlexAttention / our fastest: {each})")
+
+
+def bucket_table(bf: BenchFile) -> Optional[Table]:
+    """The CUDA-graph bucket rows of the ``balance`` suite (case ``"routed buckets"``): per bucket the layout's
+    length, the replay time, the same layout eager and in a graph of its exact length, the copy into the
+    bucket, and the capacity's waste (tokens, table slots, plan tasks). None when the file has none."""
+    rows = bf.select(Impl.OURS_SPLIT, Pass.FWD_GRAPH, case=BB.BUCKETS_CASE) if "bucket" in bf.case_fields() \
+        else []
+    if not rows:
+        return None
+
+    def fmt(x):
+        return "failed" if x is None else f"{x:.3f}"
+    out = []
+    for r in rows:
+        w = r.get("waste") or {}
+        pct = lambda k: f"{w[k]:.0%}" if w.get(k) is not None else ""  # noqa: E731
+        out.append([r.case["bucket"], r.case["N"], r.case["H"], fmt(r.ms), fmt(r.get("exact_graph_ms")),
+                    fmt(r.get("eager_ms")), fmt(r.get("load_ms")), pct("tokens_waste"), pct("slots_waste"),
+                    pct("tasks_waste"), {True: "yes", False: "no"}.get(r.get("graph_equals_eager"), "")])
+    return Table(["bucket (tokens)", "layout length", "heads", "replay (ms)", "graph at exact length (ms)",
+                  "eager (ms)", "copy into bucket (ms)", "tokens padded", "table slots unused",
+                  "task slots unused", "replay = eager"], out,
+                 caption=f"Split forward (auto) of routed layouts from CUDA-graph buckets, bf16, D=128; "
+                         f"{bf.caption()}")
 
 
 def recorded_cases(bf: BenchFile) -> dict:
@@ -215,8 +291,8 @@ _SHORT = {"documents lognormal": "documents", "documents lognormal 2N": "documen
 
 def recorded_figure(bf: BenchFile) -> go.Figure:
     """The recorded ``balance`` suite, one group of bars per case: the plain grid, the split grid with the
-    planner's "auto" chunk, the split grid with the faster of the fixed chunks, and the persistent grid over the
-    "auto" plan, beside the ideal balanced time (a marker; not a strict bound). Times in ms on a log axis (the
+    planner's "auto" chunk, the split grid with the faster of the fixed chunks, the persistent grid over the
+    "auto" plan and, when the run measured it, FlexAttention, beside the ideal balanced time (a marker; not a strict bound). Times in ms on a log axis (the
     cases span two decades), clipped to the data."""
     cases = recorded_cases(bf)
     labels = [f"{_SHORT.get(n, n)}<br>{c['N'] // 1024}k, H={c['H']}" for n, c in cases.items()]
@@ -233,6 +309,9 @@ def recorded_figure(bf: BenchFile) -> go.Figure:
                [f"chunk {b.case['split']}" if b else "" for b in best]),
               ('persistent, chunk "auto"', [c["persistent"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "x",
                None)]
+    if any(c["flex"] is not None for c in cases.values()):  # only runs that measured it
+        series.append(("FlexAttention (compiled, same block mask)", [c["flex"] for c in cases.values()],
+                       COLORS[Impl.FLEX], "", None))
     fig = go.Figure()
     for name, ys, color, pattern, hover in series:
         fig.add_trace(go.Bar(x=labels, y=ys, name=name, marker=dict(color=color, pattern_shape=pattern,
@@ -245,6 +324,83 @@ def recorded_figure(bf: BenchFile) -> go.Figure:
     vals = [v for _, ys, *_ in series for v in ys if v] + [v for v in ideal if v]
     fig.update_layout(barmode="group", height=520, title_font_size=14, legend=dict(orientation="h", y=-0.28),
                       title=f"Forward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>",
+                      xaxis=dict(title="case (query and key length, heads)", tickangle=0),
+                      yaxis=dict(type="log", title="time (ms)",
+                                 range=[math.log10(min(vals)) - 0.1, math.log10(max(vals)) + 0.1]))
+    return fig
+
+
+# ---- the recorded backward (suite balance_bwd) ----------------------------------------------------------------
+def recorded_bwd_cases(bf: BenchFile) -> dict:
+    """The recorded ``balance_bwd`` suite per case: ``{case: {"N", "H", "plain", "dq_split", "flex", "ideal_ms",
+    "split_record"}}`` (backward ms; None where a row is missing or failed)."""
+    out = {}
+    for name in dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.BWD)):
+        if name == "equal rows":
+            continue
+        plain = bf.one(Impl.OURS, Pass.BWD, case=name)
+        split = bf.select(Impl.OURS_SPLIT, Pass.BWD, case=name)
+        flex = bf.select(Impl.FLEX, Pass.BWD, case=name)
+        out[name] = {"N": plain.case["N"], "H": plain.case["H"], "plain": plain.ms,
+                     "dq_split": split[0].ms if split else None, "split_record": split[0] if split else None,
+                     "flex": flex[0].ms if flex else None, "ideal_ms": plain.get("ideal_ms")}
+    return out
+
+
+def bwd_near_ideal(bf: BenchFile, target: float = IDEAL_TARGET) -> dict:
+    """Per case of the recorded ``balance_bwd`` suite: our faster backward (plain or split dQ) / its ideal, and
+    whether that is within ``target`` (None where a time failed)."""
+    out = {}
+    for n, c in recorded_bwd_cases(bf).items():
+        ours = min([x for x in (c["plain"], c["dq_split"]) if x is not None], default=None)
+        ratio = ours / c["ideal_ms"] if ours and c["ideal_ms"] else None
+        out[n] = {"ratio": ratio, "met": ratio is not None and ratio <= target}
+    return out
+
+
+def recorded_bwd_table(bf: BenchFile) -> Table:
+    """The recorded ``balance_bwd`` suite: per case the backward with the plain dQ pass and with the split dQ
+    pass, FlexAttention's backward where it ran, the backward's ideal balanced time and the ratios (ours /
+    ideal against the issue's 1.15, FlexAttention / our faster)."""
+    def fmt(x):
+        return "not measured" if x is None else f"{x:.3f}"
+    rows = []
+    for name, c in recorded_bwd_cases(bf).items():
+        ours = min([x for x in (c["plain"], c["dq_split"]) if x is not None], default=None)
+        ideal = c["ideal_ms"]
+        rows.append([name, c["N"], c["H"], fmt(c["plain"]), fmt(c["dq_split"]), fmt(c["flex"]), fmt(ideal),
+                     f"{ours / ideal:.2f}" if ours and ideal else "",
+                     f"{c['flex'] / ours:.2f}" if c["flex"] and ours else "not measured"])
+    header = ["case", "N", "heads", "plain dQ (ms)", "split dQ (ms)", "FlexAttention (ms)", "ideal (ms)",
+              "our faster / ideal", "FlexAttention / our faster"]
+    empty = [j for j in range(len(header)) if rows and all(r[j] == "not measured" for r in rows)]
+    keep = [j for j in range(len(header)) if j not in empty]
+    note = _not_in_run(header, empty)
+    return Table([header[j] for j in keep], [[r[j] for j in keep] for r in rows],
+                 caption=f"Backward alone (from a kept forward), bf16, D=128; ideal = the backward's time per tile "
+                         f"on long equal rows x the case's tiles; {bf.caption()}{note}")
+
+
+def recorded_bwd_figure(bf: BenchFile) -> go.Figure:
+    """The recorded ``balance_bwd`` suite: per case the backward with the plain and the split dQ pass and
+    FlexAttention's backward (where it ran), beside the backward's ideal; ms on a log axis clipped to the data."""
+    cases = recorded_bwd_cases(bf)
+    labels = [f"{_SHORT.get(n, n)}<br>{c['N'] // 1024}k, H={c['H']}" for n, c in cases.items()]
+    series = [("plain dQ pass", [c["plain"] for c in cases.values()], COLORS[Impl.OURS], ""),
+              ('split dQ pass', [c["dq_split"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "")]
+    if any(c["flex"] is not None for c in cases.values()):
+        series.append(("FlexAttention backward", [c["flex"] for c in cases.values()], COLORS[Impl.FLEX], ""))
+    fig = go.Figure()
+    for name, ys, color, pattern in series:
+        fig.add_trace(go.Bar(x=labels, y=ys, name=name, marker=dict(color=color, pattern_shape=pattern),
+                             hovertemplate="%{x}: %{y:.3f} ms<extra></extra>"))
+    ideal = [c["ideal_ms"] for c in cases.values()]
+    fig.add_trace(go.Scatter(x=labels, y=ideal, mode="markers", name="ideal (tile time x tiles; not a strict bound)",
+                             marker=dict(symbol="line-ew", size=34, line=dict(width=3, color=COLORS[Impl.READ_CEILING])),
+                             hovertemplate="%{x}: ideal %{y:.3f} ms<extra></extra>"))
+    vals = [v for _, ys, *_ in series for v in ys if v] + [v for v in ideal if v]
+    fig.update_layout(barmode="group", height=480, title_font_size=14, legend=dict(orientation="h", y=-0.28),
+                      title=f"Backward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>",
                       xaxis=dict(title="case (query and key length, heads)", tickangle=0),
                       yaxis=dict(type="log", title="time (ms)",
                                  range=[math.log10(min(vals)) - 0.1, math.log10(max(vals)) + 0.1]))
