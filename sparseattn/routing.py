@@ -39,6 +39,7 @@ import torch
 
 from . import patterns as P
 from ._checks import RouteSpec, check_device, check_int, check_route, check_scale, seqs_tensor
+from ._tiles import launch_kernel
 from .layout import BlockLayout
 from .paged import PagedKVCache, PageSelection, check_select_args
 
@@ -118,16 +119,17 @@ class RouteKernels(NamedTuple):
     pool_warps: int
     scores_split: bool  # scores: key-column ranges and parts of the shared heads on the grid, hidden chunks skipped
     select_zero_pad: bool  # the select kernel zeroes the lists' padding (else two zero-filled buffers)
-    index_one_buffer: bool  # the transposed lists of a dynamic layout in one allocation (else five)
+    fast_launch: bool  # on the GPU, launches skip Triton's argument binding after the first (sparseattn._fast_launch)
+    index_checked: bool  # the index does not re-check route's own lists (BlockLayout._dynamic)
 
 
 #: the first version: one 128-row block a program in four dependent [32, D] loads (4 warps), a scores program
 #: per 16 query blocks looping over every key block and shared head, zero-filled list buffers
 FIRST = RouteKernels(pool_sub=32, pool_blocks=1, pool_row_acc=False, pool_warps=4, scores_split=False,
-                     select_zero_pad=False, index_one_buffer=False)
+                     select_zero_pad=False, fast_launch=False, index_checked=False)
 #: what ``route`` launches (see the bench's A/B rows in ``routing-<gpu>.json`` for the measured choice)
 CURRENT = RouteKernels(pool_sub=None, pool_blocks=2, pool_row_acc=False, pool_warps=8, scores_split=True,
-                       select_zero_pad=True, index_one_buffer=True)
+                       select_zero_pad=True, fast_launch=True, index_checked=True)
 _KERNELS = [CURRENT]  # the choice in force (a one-element list: route_kernels swaps it)
 SCORES_MIN_PROGRAMS = 512  # about four programs per SM on a 132-SM GPU: split the scores grid up to this
 
@@ -161,13 +163,13 @@ def _pool(q: torch.Tensor, k: torch.Tensor, spec: RouteSpec, kernels: Optional[R
         k_min, k_max = torch.empty_like(k_mean), torch.empty_like(k_mean)
     smallest = min(spec.block_q, spec.block_k)
     sub = smallest if kn.pool_sub is None else min(kn.pool_sub, smallest)
-    K.pool_kernel[(-(-max(spec.nq, spec.nk) // kn.pool_blocks), B * (spec.Hq + spec.Hkv))](
+    launch_kernel(K.pool_kernel, (-(-max(spec.nq, spec.nk) // kn.pool_blocks), B * (spec.Hq + spec.Hkv)), dict(
         Q=q, K=k, Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qm=q.stride(2),
         stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kn=k.stride(2),
         Hq=spec.Hq, Hkv=spec.Hkv, Lq=spec.Lq, Lk=spec.Lk, nq=spec.nq, nk=spec.nk, BQ_PROGRAMS=B * spec.Hq,
         HEAD_DIM=D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, SUB=sub, BLOCKS=kn.pool_blocks,
-        ROW_ACC=kn.pool_row_acc, num_warps=kn.pool_warps)
+        ROW_ACC=kn.pool_row_acc, num_warps=kn.pool_warps), kn.fast_launch)
     return q_mean, k_mean, k_min, k_max
 
 
@@ -198,13 +200,13 @@ def _score_parts(pooled, spec: RouteSpec, kernels: Optional[RouteKernels] = None
     block_c, cols, parts = scores_grid(spec, kn.scores_split, block_r)
     heads_per_part = -(-spec.n_shared // parts)
     s = torch.empty(parts, spec.B, spec.LH, spec.nq, spec.nk, device=q_mean.device, dtype=torch.float32)
-    K.block_scores_kernel[(-(-spec.nq // block_r), -(-spec.nk // cols) * parts, spec.B * spec.LH)](
+    launch_kernel(K.block_scores_kernel, (-(-spec.nq // block_r), -(-spec.nk // cols) * parts, spec.B * spec.LH), dict(
         Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max, S=s,
         Hq=spec.Hq, Hkv=spec.Hkv, group=spec.group, LH=spec.LH, n_shared=spec.n_shared, nq=spec.nq, nk=spec.nk,
         Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, scale=spec.scale, cols_per_program=cols,
         heads_per_part=heads_per_part, part_stride=s[0].numel(),
         HEAD_DIM=spec.D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_R=block_r, BLOCK_C=block_c,
-        CAUSAL=spec.causal, SKIP_HIDDEN=kn.scores_split, num_warps=4)
+        CAUSAL=spec.causal, SKIP_HIDDEN=kn.scores_split, num_warps=4), kn.fast_launch)
     return s
 
 
@@ -237,7 +239,7 @@ def _select(s: torch.Tensor, spec: RouteSpec, kernels: Optional[RouteKernels] = 
     # a GPU program takes one query block (a row of scores in registers); the interpreter takes many, since
     # it pays per operation, not per element
     rows = 1 if BACKEND != "interpreter" else min(1 << (nq - 1).bit_length(), max(1, (1 << 14) // block_nk))
-    K.select_kernel[(-(-nq // rows), B * LH)](
+    launch_kernel(K.select_kernel, (-(-nq // rows), B * LH), dict(
         S=s, KV_COUNT=kv_count, KV_INDEX=kv_index, FULL_COUNT=full_count, FULL_INDEX=full_index,
         nq=nq, nk=spec.nk, Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, topk=spec.topk,
         capacity=spec.capacity, local=spec.local, sinks=spec.sinks, threshold=spec.threshold,
@@ -245,7 +247,7 @@ def _select(s: torch.Tensor, spec: RouteSpec, kernels: Optional[RouteKernels] = 
         BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk, ROWS=rows,
         CAUSAL=spec.causal, MEMBER=spec.semantics == "member", ZERO_PAD=zero_pad,
         # the 33 bisection steps each reduce the row: one warp keeps those reductions in shuffles up to 256 blocks
-        num_warps=1 if block_nk <= 256 else 2 if block_nk <= 1024 else 4 if block_nk <= 4096 else 8)
+        num_warps=1 if block_nk <= 256 else 2 if block_nk <= 1024 else 4 if block_nk <= 4096 else 8), kn.fast_launch)
     return kv_count, kv_index, full_count, full_index
 
 
@@ -255,14 +257,14 @@ def _member_bits(q: torch.Tensor, pooled, kv_count, kv_index, spec: RouteSpec) -
     _, k_mean, k_min, k_max = pooled
     row_slot = torch.empty(spec.B, spec.LH, spec.Lq, spec.width, device=q.device, dtype=torch.uint8)
     block_m = min(spec.block_q, 64)
-    K.member_kernel[(-(-spec.Lq // block_m), spec.B * spec.LH)](
+    launch_kernel(K.member_kernel, (-(-spec.Lq // block_m), spec.B * spec.LH), dict(
         Q=q, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max, KV_COUNT=kv_count, KV_INDEX=kv_index, ROW_SLOT=row_slot,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qm=q.stride(2),
         Hq=spec.Hq, Hkv=spec.Hkv, group=spec.group, LH=spec.LH, n_shared=spec.n_shared, nq=spec.nq,
         nk=spec.nk, Lq=spec.Lq, q_offset=spec.q_offset, local=spec.local, sinks=spec.sinks,
         member_topk=spec.member_topk, W=spec.width,
         HEAD_DIM=spec.D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_M=block_m,
-        W_PAD=max(16, 1 << (spec.width - 1).bit_length()), CAUSAL=spec.causal, num_warps=4)
+        W_PAD=max(16, 1 << (spec.width - 1).bit_length()), CAUSAL=spec.causal, num_warps=4), _KERNELS[0].fast_launch)
     return row_slot
 
 
@@ -296,11 +298,14 @@ class Selection(NamedTuple):
     block_k: int
 
     def to_layout(self) -> BlockLayout:
-        """The dynamic layout (one launch for the transposed lists, no host sync)."""
-        return BlockLayout.from_lists(self.kv_count, self.kv_index, self.full_count, self.full_index,
-                                      q_len=self.q_len, kv_len=self.kv_len, block_q=self.block_q,
-                                      block_k=self.block_k, mask_mod=self.mask_mod, row_slot=self.row_slot,
-                                      trusted=True)
+        """The dynamic layout (one launch for the transposed lists, no host sync). The lists are route's
+        own (kinds, shapes, device and mask path right by construction), so with :data:`CURRENT` they are
+        not re-checked (:meth:`BlockLayout._dynamic`)."""
+        kn = _KERNELS[0]
+        return BlockLayout._dynamic(self.kv_count, self.kv_index, self.full_count, self.full_index,
+                                    q_len=self.q_len, kv_len=self.kv_len, block_q=self.block_q, block_k=self.block_k,
+                                    mask_mod=self.mask_mod, row_slot=self.row_slot, checked=kn.index_checked,
+                                    fast_launch=kn.fast_launch)
 
 
 def select_blocks(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128,
