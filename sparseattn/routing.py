@@ -6,14 +6,19 @@ host synchronisation and fixed widths, so routing and attention can be captured 
 launches (:mod:`sparseattn.kernels.route`, :mod:`sparseattn.kernels.transpose`):
 
 1. pool: the mean of every query block and every key block (and, for ``pool="bound"``, the element-wise
-   min and max of every key block), reading Q and K once;
-2. scores: pooled Q against pooled K, one small GEMM per query-block group, the max over the query heads that
-   share a selection (``share``), -inf for blocks a query block cannot see;
+   min and max of every key block), reading Q and K once, whole blocks a load;
+2. scores: pooled Q against pooled K, small GEMMs over a grid of query-block groups, key-column ranges and
+   parts of the shared heads, the max over the query heads that share a selection (``share``), -inf for
+   blocks a query block cannot see;
 3. select: forced blocks (``sinks`` first blocks; for every query row, the ``local`` blocks ending at its
    own) plus the top-k of
    the rest (and/or the fewest whose softmax mass reaches ``threshold``); ties go to the lower block index;
    written ascending, split into tiles that cross the diagonal (partial, masked by ``causal``) and full tiles;
 4. transpose: the column lists the backward pass walks (one fused launch).
+
+On the GPU every launch after the first of its kind skips Triton's argument binding
+(:mod:`sparseattn._fast_launch`): routing runs every step, so its host time is paid every step.
+:class:`RouteKernels` names these launch choices; :data:`FIRST` keeps the first version's for A/B timing.
 
 ``semantics="member"`` adds a fifth launch: each query row keeps the forced blocks and its own
 ``member_topk`` best of the block's other choices (scored per row against the pooled keys), as one byte per

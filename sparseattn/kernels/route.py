@@ -1,12 +1,18 @@
 """Content routing on the device: pooled blocks, block scores, a top-k per query block, and per-row member bits.
 
-``pool_kernel``: one program per (block, batch * head) of Q or of K (one launch for both): the mean of the
-block's rows and, for keys with ``pool="bound"``, their element-wise min and max (Quest's bound). Reads each
-of Q and K once; everything after works on ``D`` numbers per block.
+``pool_kernel``: grid (groups of ``BLOCKS`` consecutive blocks, batch * head of Q, then of K: one launch for
+both): the mean of each block's rows and, for keys with ``pool="bound"``, their element-wise min and max
+(Quest's bound). Reads each of Q and K once, everything after works on ``D`` numbers per block. Pooling is a
+pure read, so what matters is how many bytes each SM has in flight: a program reads ``BLOCKS`` whole blocks,
+``SUB`` rows a load (``SUB = BLOCK``: one ``[BLOCK, D]`` load), and with ``ROW_ACC`` it adds the loads
+element-wise into a ``[SUB, D]`` accumulator and reduces once at the end, so no reduction (with its barrier)
+sits between two loads. The launch choice is ``sparseattn.routing.RouteKernels``.
 
-``block_scores_kernel``: one program per (``BLOCK_R`` query blocks, batch * layout head): pooled Q against
-every pooled K block by ``tl.dot`` (fp32, ieee), the max over the query heads that share the selection, the
-softmax scale, and -inf for blocks the query block cannot see (causal, or past the keys).
+``block_scores_kernel``: grid (``BLOCK_R`` query blocks, key-column ranges x parts of the shared heads,
+batch * layout head): pooled Q against pooled K by ``tl.dot`` (fp32, ieee), the max over the query heads
+of the program's part, the softmax scale, -inf for blocks the query block cannot see (causal, or past the
+keys). A chunk of key blocks that starts after every row's last position is only -inf (``SKIP_HIDDEN``: no
+GEMM). Parts write separate planes; the select kernel takes their max (exact in any order).
 
 ``select_kernel``: one program per (``ROWS`` query blocks, batch * layout head). The forced blocks (the first
 ``sinks``, the ``local`` blocks ending at the diagonal) are kept; of the other visible blocks it keeps the top
@@ -14,7 +20,8 @@ softmax scale, and -inf for blocks the query block cannot see (causal, or past t
 smallest number whose softmax mass (with the forced blocks') reaches it. The k-th score is found by
 bisection on the float's bits (as ``select_pages`` does); blocks above it are kept, ties at it go to the lower
 block index. The chosen blocks are written ascending by a running prefix sum, split into partial tiles (they
-cross the causal diagonal) and full tiles; no sort, no host sync, fixed widths.
+cross the causal diagonal) and full tiles; no sort, no host sync, fixed widths; with ``ZERO_PAD`` the unused
+slots get 0 from the same program (no zero-filled buffers launched before it).
 
 ``member_kernel``: one program per (``BLOCK_M`` query rows, batch * layout head). Each row scores its query
 block's selected blocks against their pooled keys (the max over the shared heads), keeps the forced ones and
