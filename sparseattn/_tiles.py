@@ -104,20 +104,22 @@ def _transpose_one_torch(count: torch.Tensor, index: torch.Tensor, n_cols: int, 
 
 def transpose_lists(kv_count: torch.Tensor, kv_index: torch.Tensor, full_count: torch.Tensor,
                     full_index: torch.Tensor, n_cols: int, width: Optional[int] = None,
-                    full_width: Optional[int] = None, zero_pad: bool = True):
+                    full_width: Optional[int] = None, zero_pad: bool = True,
+                    fast_launch: bool = True):
     """Transpose both row lists of a layout (``count [B,H,nr]``, ``index [B,H,nr,W]``; partial and full) into
     column lists over ``n_cols`` columns: ``(q_count, q_index, q_slot, full_q_count, full_q_index)``, rows
     ascending in every column, ``q_slot`` the slot of each partial entry in its forward row.
 
     One Triton launch (:mod:`sparseattn.kernels.transpose`) when both widths are given: no host sync, fixed
     shapes. A width left None is the longest column of that list (at least 1; :func:`longest_column`, one
-    host sync). ``zero_pad`` fills the unused tail of each column with 0."""
+    host sync). ``zero_pad`` fills the unused tail of each column with 0. ``fast_launch``: on the GPU, the launch skips Triton's argument binding after
+    the first call of its kind (:mod:`sparseattn._fast_launch`; the same compiled kernel, the same result)."""
     from .kernels import BACKEND
     B, H, n_rows, W = kv_index.shape
     FW = full_index.shape[-1]
     device = kv_index.device
-    kv_count, kv_index, full_count, full_index = (t.contiguous() for t in (kv_count, kv_index, full_count,
-                                                                           full_index))
+    kv_count, kv_index, full_count, full_index = (t if t.is_contiguous() else t.contiguous()
+                                                  for t in (kv_count, kv_index, full_count, full_index))
     rows, cols, w_pow2 = transpose_blocks(n_rows, n_cols, max(W, FW), BACKEND == "interpreter")
     grid = (cdiv(n_cols, cols), B * H, 2)
     if width is None:
@@ -134,12 +136,24 @@ def transpose_lists(kv_count: torch.Tensor, kv_index: torch.Tensor, full_count: 
     q_index = torch.empty(B, H, n_cols, width, dtype=INDEX_DTYPE, device=device)
     q_slot = torch.empty_like(q_index)
     full_q_index = torch.empty(B, H, n_cols, full_width, dtype=INDEX_DTYPE, device=device)
-    transpose_kernel[grid](
+    kwargs = dict(
         COUNT=kv_count, INDEX=kv_index, FULL_COUNT=full_count, FULL_INDEX=full_index, OUT_COUNT=q_count,
         OUT_INDEX=q_index, OUT_SLOT=q_slot, OUT_FULL_COUNT=full_q_count, OUT_FULL_INDEX=full_q_index,
         n_rows=n_rows, n_cols=n_cols, W=W, FW=FW, WT=width, FWT=full_width,
         ROWS=rows, COLS=cols, W_POW2=w_pow2, ZERO_PAD=zero_pad, num_warps=4)
+    launch_kernel(transpose_kernel, grid, kwargs, fast_launch)
     return q_count, q_index, q_slot, full_q_count, full_q_index
+
+
+def launch_kernel(kernel, grid: tuple, kwargs: dict, fast_launch: bool = True):
+    """``kernel[grid](**kwargs)``; on the GPU with ``fast_launch``, through the cached launch path
+    (:mod:`sparseattn._fast_launch`: Triton binds the arguments once per specialisation, later calls go
+    straight to the compiled kernel). The launch of the layout and routing kernels, which run every step."""
+    from . import _fast_launch
+    from .kernels import BACKEND  # the backend the kernels were defined for (as the callers' checks read it)
+    if not fast_launch or BACKEND == "interpreter":
+        return kernel[grid](**kwargs)
+    return _fast_launch.launch(kernel, grid, None, kwargs, lambda: kernel[grid](**kwargs))
 
 
 def pack_bits(cells: torch.Tensor) -> torch.Tensor:

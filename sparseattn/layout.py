@@ -392,13 +392,29 @@ class BlockLayout:
         for any column), and ops derive no plan from its contents, so :meth:`copy_into` may replace them. Its
         partial tiles must be exact without looking at the contents: a mask_mod the kernels evaluate in
         registers (``causal``, bands, sinks, documents) or ``tile_bits``."""
-        layout = cls(kv_count, kv_index, full_count, full_index, q_len=q_len, kv_len=kv_len, block_q=block_q,
-                     block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits, row_slot=row_slot,
-                     validate=not trusted)
         if trusted:
+            return cls._dynamic(kv_count, kv_index, full_count, full_index, q_len=q_len, kv_len=kv_len,
+                                block_q=block_q, block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits,
+                                row_slot=row_slot, transposed_width=transposed_width)
+        return cls(kv_count, kv_index, full_count, full_index, q_len=q_len, kv_len=kv_len, block_q=block_q,
+                   block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits, row_slot=row_slot)
+
+    @classmethod
+    def _dynamic(cls, kv_count, kv_index, full_count, full_index, *, q_len: int, kv_len: int, block_q: int,
+                 block_k: int, mask_mod=None, tile_bits=None, row_slot=None,
+                 transposed_width: Optional[int] = None, checked: bool = False,
+                 fast_launch: bool = True) -> "BlockLayout":
+        """The trusted constructor's work (:meth:`from_lists` with ``trusted=True``). ``checked``: the caller
+        built the lists itself with the right kinds, shapes, dtypes, device and a register mask path
+        (``route`` does), so :meth:`_check_trusted` is skipped: the layout is rebuilt every step and those
+        checks were about half of its host time besides the launch. ``fast_launch``: how the transposed lists'
+        kernel is launched (:func:`sparseattn._tiles.transpose_lists`)."""
+        layout = cls(kv_count, kv_index, full_count, full_index, q_len=q_len, kv_len=kv_len, block_q=block_q,
+                     block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits, row_slot=row_slot, validate=False)
+        if not checked:
             layout._check_trusted()
-            layout.dynamic = True
-            layout._plans["transposed"] = layout.transpose_fixed(transposed_width or layout.nq)
+        layout.dynamic = True
+        layout._plans["transposed"] = layout.transpose_fixed(transposed_width or layout.nq, fast_launch=fast_launch)
         return layout
 
     @classmethod
@@ -423,11 +439,12 @@ class BlockLayout:
                               q_len=q_len, kv_len=kv_len, block_q=block_q, block_k=block_k, mask_mod=mask_mod,
                               row_slot=row_slot, trusted=True, transposed_width=transposed_width)
 
-    def transpose_fixed(self, width: int) -> TransposedLists:
+    def transpose_fixed(self, width: int, *, fast_launch: bool = True) -> TransposedLists:
         """The transposed lists with both widths fixed to ``width``: one launch, no host sync, unused column
-        tails left unwritten (never read)."""
+        tails left unwritten (never read); ``fast_launch`` as in :func:`sparseattn._tiles.transpose_lists`."""
         q_count, q_index, q_slot, full_q_count, full_q_index = T.transpose_lists(
-            self.kv_count, self.kv_index, self.full_count, self.full_index, self.nk, width, width, zero_pad=False)
+            self.kv_count, self.kv_index, self.full_count, self.full_index, self.nk, width, width, zero_pad=False,
+            fast_launch=fast_launch)
         return TransposedLists(q_count, q_index, full_q_count, full_q_index, q_slot)
 
     def _check_trusted(self) -> None:

@@ -6,14 +6,19 @@ host synchronisation and fixed widths, so routing and attention can be captured 
 launches (:mod:`sparseattn.kernels.route`, :mod:`sparseattn.kernels.transpose`):
 
 1. pool: the mean of every query block and every key block (and, for ``pool="bound"``, the element-wise
-   min and max of every key block), reading Q and K once;
-2. scores: pooled Q against pooled K, one small GEMM per query-block group, the max over the query heads that
-   share a selection (``share``), -inf for blocks a query block cannot see;
+   min and max of every key block), reading Q and K once, whole blocks a load;
+2. scores: pooled Q against pooled K, small GEMMs over a grid of query-block groups, key-column ranges and
+   parts of the shared heads, the max over the query heads that share a selection (``share``), -inf for
+   blocks a query block cannot see;
 3. select: forced blocks (``sinks`` first blocks; for every query row, the ``local`` blocks ending at its
    own) plus the top-k of
    the rest (and/or the fewest whose softmax mass reaches ``threshold``); ties go to the lower block index;
    written ascending, split into tiles that cross the diagonal (partial, masked by ``causal``) and full tiles;
 4. transpose: the column lists the backward pass walks (one fused launch).
+
+On the GPU every launch after the first of its kind skips Triton's argument binding
+(:mod:`sparseattn._fast_launch`): routing runs every step, so its host time is paid every step.
+:class:`RouteKernels` names these launch choices; :data:`FIRST` keeps the first version's for A/B timing.
 
 ``semantics="member"`` adds a fifth launch: each query row keeps the forced blocks and its own
 ``member_topk`` best of the block's other choices (scored per row against the pooled keys), as one byte per
@@ -32,19 +37,21 @@ stays on the device with fixed shapes, so a decode step with selection can be ca
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple, Optional
 
 import torch
 
 from . import patterns as P
 from ._checks import RouteSpec, check_device, check_int, check_route, check_scale, seqs_tensor
+from ._tiles import launch_kernel
 from .layout import BlockLayout
 from .paged import PagedKVCache, PageSelection, check_select_args
 
 _TOPK_BLOCK = 8192  # pages of one row kept in registers by the top-k kernel
 
 __all__ = ["page_bounds", "select_pages", "route", "select_blocks", "Selection", "block_scores", "selection_recall",
-           "SelectionRecall"]
+           "SelectionRecall", "RouteKernels", "FIRST", "CURRENT", "route_kernels", "scores_grid"]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -106,10 +113,52 @@ def select_pages(q: torch.Tensor, cache: PagedKVCache, topk: int, seqs=None, alw
 # ---------------------------------------------------------------------------------------------------------
 # content routing for prefill and training
 # ---------------------------------------------------------------------------------------------------------
-def _pool(q: torch.Tensor, k: torch.Tensor, spec: RouteSpec):
+class RouteKernels(NamedTuple):
+    """How :func:`route` launches its kernels (never what they compute: every choice gives the same
+    selection, up to the rounding order of the pooled sums). :data:`CURRENT` is what ``route`` uses;
+    :data:`FIRST` is the first version's launches, kept so that one benchmark run can time both in the same
+    process (:func:`route_kernels`)."""
+    pool_sub: Optional[int]  # rows a pool load reads ([SUB, D]); None: the whole block in one load
+    pool_blocks: int  # consecutive blocks a pool program reads (independent loads in flight)
+    pool_row_acc: bool  # accumulate [SUB, D] element-wise and reduce once (else reduce every load)
+    pool_warps: int
+    scores_split: bool  # scores: key-column ranges and parts of the shared heads on the grid, hidden chunks skipped
+    select_zero_pad: bool  # the select kernel zeroes the lists' padding (else two zero-filled buffers)
+    fast_launch: bool  # on the GPU, launches skip Triton's argument binding after the first (sparseattn._fast_launch)
+    index_checked: bool  # the index does not re-check route's own lists (BlockLayout._dynamic)
+
+
+#: the first version: one 128-row block a program in four dependent [32, D] loads (4 warps), a scores program
+#: per 16 query blocks looping over every key block and shared head, zero-filled list buffers
+FIRST = RouteKernels(pool_sub=32, pool_blocks=1, pool_row_acc=False, pool_warps=4, scores_split=False,
+                     select_zero_pad=False, fast_launch=False, index_checked=False)
+#: what ``route`` launches (see the bench's A/B rows in ``routing-<gpu>.json`` for the measured choice)
+CURRENT = RouteKernels(pool_sub=None, pool_blocks=2, pool_row_acc=False, pool_warps=8, scores_split=True,
+                       select_zero_pad=True, fast_launch=True, index_checked=True)
+_KERNELS = [CURRENT]  # the choice in force (a one-element list: route_kernels swaps it)
+SCORES_MIN_PROGRAMS = 512  # about four programs per SM on a 132-SM GPU: split the scores grid up to this
+
+
+@contextlib.contextmanager
+def route_kernels(kernels: RouteKernels):
+    """Within the block, :func:`route` and :func:`select_blocks` launch their kernels as ``kernels`` says (an
+    A/B switch for benchmarks and tests: ``with route_kernels(FIRST): ...`` times the first version)."""
+    if not isinstance(kernels, RouteKernels):
+        raise TypeError(f"kernels must be a RouteKernels, got {type(kernels).__name__}")
+    before = _KERNELS[0]
+    _KERNELS[0] = kernels
+    try:
+        yield kernels
+    finally:
+        _KERNELS[0] = before
+
+
+def _pool(q: torch.Tensor, k: torch.Tensor, spec: RouteSpec, kernels: Optional[RouteKernels] = None):
     """Pooled blocks, float32: ``q_mean [B,Hq,nq,D]``, ``k_mean [B,Hkv,nk,D]`` and, for ``pool="bound"``,
-    ``k_min``/``k_max`` (else None). One launch."""
+    ``k_min``/``k_max`` (else None). One launch over Q and K together: programs ``0 .. B*Hq-1`` of grid
+    axis 1 pool query blocks, the rest key blocks; each reads ``pool_blocks`` whole blocks."""
     from .kernels import route as K
+    kn = _KERNELS[0] if kernels is None else kernels
     B, D = spec.B, spec.D
     f32 = dict(device=q.device, dtype=torch.float32)
     q_mean = torch.empty(B, spec.Hq, spec.nq, D, **f32)
@@ -117,55 +166,93 @@ def _pool(q: torch.Tensor, k: torch.Tensor, spec: RouteSpec):
     k_min = k_max = None
     if spec.pool == "bound":
         k_min, k_max = torch.empty_like(k_mean), torch.empty_like(k_mean)
-    K.pool_kernel[(max(spec.nq, spec.nk), B * (spec.Hq + spec.Hkv))](
+    smallest = min(spec.block_q, spec.block_k)
+    sub = smallest if kn.pool_sub is None else min(kn.pool_sub, smallest)
+    launch_kernel(K.pool_kernel, (-(-max(spec.nq, spec.nk) // kn.pool_blocks), B * (spec.Hq + spec.Hkv)), dict(
         Q=q, K=k, Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qm=q.stride(2),
         stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kn=k.stride(2),
         Hq=spec.Hq, Hkv=spec.Hkv, Lq=spec.Lq, Lk=spec.Lk, nq=spec.nq, nk=spec.nk, BQ_PROGRAMS=B * spec.Hq,
-        HEAD_DIM=D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, SUB=min(32, spec.block_q, spec.block_k),
-        num_warps=4)
+        HEAD_DIM=D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, SUB=sub, BLOCKS=kn.pool_blocks,
+        ROW_ACC=kn.pool_row_acc, num_warps=kn.pool_warps), kn.fast_launch)
     return q_mean, k_mean, k_min, k_max
 
 
-def _scores(pooled, spec: RouteSpec) -> torch.Tensor:
-    """Block scores float32 ``[B, LH, nq, nk]`` (scaled; -inf where a query block cannot see a key block)."""
+def scores_grid(spec: RouteSpec, split: bool, block_r: int = 16, min_programs: int = SCORES_MIN_PROGRAMS):
+    """``(block_c, cols_per_program, n_parts)`` of the scores launch. Unsplit (the first version): one
+    program per ``block_r`` query blocks, looping over every key block and shared head. Split: one 64-block
+    column range a program, and the shared heads divided into ``n_parts`` parts (doubled while the grid has
+    fewer than ``min_programs`` programs), so that ``share="all"`` (16 heads on one selection) is not 16
+    programs on a 132-SM GPU each running a chain of 64 small GEMMs."""
+    block_c = 64
+    if not split:
+        return block_c, max(1, spec.nk), 1
+    base = -(-spec.nq // block_r) * -(-spec.nk // block_c) * spec.B * spec.LH
+    parts = 1
+    while parts < spec.n_shared and base * parts < min_programs:
+        parts *= 2
+    parts = min(parts, spec.n_shared)
+    return block_c, block_c, -(-spec.n_shared // -(-spec.n_shared // parts))  # no empty part
+
+
+def _score_parts(pooled, spec: RouteSpec, kernels: Optional[RouteKernels] = None) -> torch.Tensor:
+    """Block scores float32 ``[n_parts, B, LH, nq, nk]`` (scaled; -inf where a query block cannot see a key
+    block): each part the max over its share of the heads on one selection; the selection is their max."""
     from .kernels import route as K
+    kn = _KERNELS[0] if kernels is None else kernels
     q_mean, k_mean, k_min, k_max = pooled
-    s = torch.empty(spec.B, spec.LH, spec.nq, spec.nk, device=q_mean.device, dtype=torch.float32)
     block_r = 16  # query blocks a program: the smallest tl.dot M
-    K.block_scores_kernel[(-(-spec.nq // block_r), spec.B * spec.LH)](
+    block_c, cols, parts = scores_grid(spec, kn.scores_split, block_r)
+    heads_per_part = -(-spec.n_shared // parts)
+    s = torch.empty(parts, spec.B, spec.LH, spec.nq, spec.nk, device=q_mean.device, dtype=torch.float32)
+    launch_kernel(K.block_scores_kernel, (-(-spec.nq // block_r), -(-spec.nk // cols) * parts, spec.B * spec.LH), dict(
         Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max, S=s,
         Hq=spec.Hq, Hkv=spec.Hkv, group=spec.group, LH=spec.LH, n_shared=spec.n_shared, nq=spec.nq, nk=spec.nk,
-        Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, scale=spec.scale,
-        HEAD_DIM=spec.D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_R=block_r, BLOCK_C=64,
-        CAUSAL=spec.causal, num_warps=4)
+        Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, scale=spec.scale, cols_per_program=cols,
+        heads_per_part=heads_per_part, part_stride=s[0].numel(),
+        HEAD_DIM=spec.D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_R=block_r, BLOCK_C=block_c,
+        CAUSAL=spec.causal, SKIP_HIDDEN=kn.scores_split, num_warps=4), kn.fast_launch)
     return s
 
 
-def _select(s: torch.Tensor, spec: RouteSpec):
+def _scores(pooled, spec: RouteSpec, kernels: Optional[RouteKernels] = None) -> torch.Tensor:
+    """Block scores float32 ``[B, LH, nq, nk]`` (scaled; -inf where a query block cannot see a key block)."""
+    s = _score_parts(pooled, spec, kernels)
+    return s[0] if s.shape[0] == 1 else s.amax(0)
+
+
+def _select(s: torch.Tensor, spec: RouteSpec, kernels: Optional[RouteKernels] = None):
     """The chosen blocks of every query block as lists ``(kv_count, kv_index, full_count, full_index)`` of
-    widths ``spec.width`` / ``spec.full_width``. One launch."""
+    widths ``spec.width`` / ``spec.full_width``, from scores ``[B, LH, nq, nk]`` or their head parts
+    ``[n_parts, B, LH, nq, nk]`` (the max over the parts is taken on load). One launch."""
     from .kernels import BACKEND
     from .kernels import route as K
     from ._tiles import INDEX_DTYPE
+    kn = _KERNELS[0] if kernels is None else kernels
+    if s.dim() == 4:
+        s = s.unsqueeze(0)
     B, LH, nq = spec.B, spec.LH, spec.nq
+    block_nk = max(16, 1 << (spec.nk - 1).bit_length())
     i32 = dict(device=s.device, dtype=INDEX_DTYPE)
     kv_count, full_count = torch.empty(B, LH, nq, **i32), torch.empty(B, LH, nq, **i32)
-    # padding is never read; zeros keep the tables printable and comparable
-    kv_index = torch.zeros(B, LH, nq, spec.width, **i32)
-    full_index = torch.zeros(B, LH, nq, spec.full_width, **i32)
-    block_nk = max(16, 1 << (spec.nk - 1).bit_length())
+    # padding is never read; zeros keep the tables printable and comparable: written by the kernel itself
+    # (widths never exceed nk <= BLOCK_NK), or by two fills in the first version
+    zero_pad = kn.select_zero_pad and max(spec.width, spec.full_width) <= block_nk
+    alloc = torch.empty if zero_pad else torch.zeros
+    kv_index = alloc(B, LH, nq, spec.width, **i32)
+    full_index = alloc(B, LH, nq, spec.full_width, **i32)
     # a GPU program takes one query block (a row of scores in registers); the interpreter takes many, since
     # it pays per operation, not per element
     rows = 1 if BACKEND != "interpreter" else min(1 << (nq - 1).bit_length(), max(1, (1 << 14) // block_nk))
-    K.select_kernel[(-(-nq // rows), B * LH)](
+    launch_kernel(K.select_kernel, (-(-nq // rows), B * LH), dict(
         S=s, KV_COUNT=kv_count, KV_INDEX=kv_index, FULL_COUNT=full_count, FULL_INDEX=full_index,
         nq=nq, nk=spec.nk, Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, topk=spec.topk,
         capacity=spec.capacity, local=spec.local, sinks=spec.sinks, threshold=spec.threshold,
-        W=spec.width, FW=spec.full_width, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk, ROWS=rows,
-        CAUSAL=spec.causal, MEMBER=spec.semantics == "member",
+        W=spec.width, FW=spec.full_width, n_parts=s.shape[0], part_stride=s[0].numel(),
+        BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk, ROWS=rows,
+        CAUSAL=spec.causal, MEMBER=spec.semantics == "member", ZERO_PAD=zero_pad,
         # the 33 bisection steps each reduce the row: one warp keeps those reductions in shuffles up to 256 blocks
-        num_warps=1 if block_nk <= 256 else 2 if block_nk <= 1024 else 4 if block_nk <= 4096 else 8)
+        num_warps=1 if block_nk <= 256 else 2 if block_nk <= 1024 else 4 if block_nk <= 4096 else 8), kn.fast_launch)
     return kv_count, kv_index, full_count, full_index
 
 
@@ -175,14 +262,14 @@ def _member_bits(q: torch.Tensor, pooled, kv_count, kv_index, spec: RouteSpec) -
     _, k_mean, k_min, k_max = pooled
     row_slot = torch.empty(spec.B, spec.LH, spec.Lq, spec.width, device=q.device, dtype=torch.uint8)
     block_m = min(spec.block_q, 64)
-    K.member_kernel[(-(-spec.Lq // block_m), spec.B * spec.LH)](
+    launch_kernel(K.member_kernel, (-(-spec.Lq // block_m), spec.B * spec.LH), dict(
         Q=q, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max, KV_COUNT=kv_count, KV_INDEX=kv_index, ROW_SLOT=row_slot,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qm=q.stride(2),
         Hq=spec.Hq, Hkv=spec.Hkv, group=spec.group, LH=spec.LH, n_shared=spec.n_shared, nq=spec.nq,
         nk=spec.nk, Lq=spec.Lq, q_offset=spec.q_offset, local=spec.local, sinks=spec.sinks,
         member_topk=spec.member_topk, W=spec.width,
         HEAD_DIM=spec.D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_M=block_m,
-        W_PAD=max(16, 1 << (spec.width - 1).bit_length()), CAUSAL=spec.causal, num_warps=4)
+        W_PAD=max(16, 1 << (spec.width - 1).bit_length()), CAUSAL=spec.causal, num_warps=4), _KERNELS[0].fast_launch)
     return row_slot
 
 
@@ -216,11 +303,14 @@ class Selection(NamedTuple):
     block_k: int
 
     def to_layout(self) -> BlockLayout:
-        """The dynamic layout (one launch for the transposed lists, no host sync)."""
-        return BlockLayout.from_lists(self.kv_count, self.kv_index, self.full_count, self.full_index,
-                                      q_len=self.q_len, kv_len=self.kv_len, block_q=self.block_q,
-                                      block_k=self.block_k, mask_mod=self.mask_mod, row_slot=self.row_slot,
-                                      trusted=True)
+        """The dynamic layout (one launch for the transposed lists, no host sync). The lists are route's
+        own (kinds, shapes, device and mask path right by construction), so with :data:`CURRENT` they are
+        not re-checked (:meth:`BlockLayout._dynamic`)."""
+        kn = _KERNELS[0]
+        return BlockLayout._dynamic(self.kv_count, self.kv_index, self.full_count, self.full_index,
+                                    q_len=self.q_len, kv_len=self.kv_len, block_q=self.block_q, block_k=self.block_k,
+                                    mask_mod=self.mask_mod, row_slot=self.row_slot, checked=kn.index_checked,
+                                    fast_launch=kn.fast_launch)
 
 
 def select_blocks(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 128,
@@ -235,7 +325,7 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k:
     check_device(q, what="q (and k)")
     q, k = _contiguous_rows(q), _contiguous_rows(k)
     pooled = _pool(q, k, spec)
-    kv_count, kv_index, full_count, full_index = _select(_scores(pooled, spec), spec)
+    kv_count, kv_index, full_count, full_index = _select(_score_parts(pooled, spec), spec)
     row_slot = _member_bits(q, pooled, kv_count, kv_index, spec) if semantics == "member" else None
     if semantics == "member":
         mask_mod = P.causal() if causal else P.full()

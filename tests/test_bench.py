@@ -631,6 +631,19 @@ def test_routing_suite_on_cpu(cpu_stand_ins, tmp_path):
         assert bf.ms(impl, p, **main) > 0, (impl, p)
     route_main = bf.one(Impl.OURS, Pass.ROUTE, **main)
     assert 0 < route_main.get("recall") <= 1 and set(route_main.get("recall_drifted")) == {"0.5"}
+    # issue 14's A/B: the main case twice, the first version's kernels in the same process, each term alone,
+    # the pooling choices, and a profile of both versions split by kernel
+    assert route_main.get("ms_again") > 0 and route_main.get("ms_first_kernels") > 0
+    assert bf.one(Impl.OURS, Pass.INDEX, **main).get("ms_first_kernels") > 0
+    assert bf.one(Impl.OURS, Pass.INDEX, **main).get("ms_again") > 0
+    assert route_main.get("kernels")["scores_split"] is True
+    for name in ("current", "first"):
+        assert all(route_main.get(f"terms_{name}")[t] > 0 for t in ("pool", "scores", "select"))
+        prof = route_main.get(f"profile_{name}")
+        assert set(prof["buckets"]) == {"route", "index", "kernel", "launch"} and prof["wall_ms"] > 0
+    assert len(route_main.get("pool_choices")) == len(R.POOL_CHOICES)
+    assert all(c["ms"] > 0 and c["tbps"] > 0 for c in route_main.get("pool_choices"))
+    assert all(r.get("ms_first_kernels") > 0 for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1))
     assert bf.one(Impl.OURS, Pass.STEP_GRAPH, **main).get("graph_equals_eager") is True
     assert bf.one(Impl.OURS, Pass.TRAIN_STEP_GRAPH, **main).get("graph_equals_eager") is True
     assert bf.distinct("N", impl=Impl.FLEX, pass_=Pass.STEP) == [64]

@@ -407,9 +407,9 @@ def test_bwd_config_tiles_larger_than_the_layouts_are_refused(cfg):
 
 
 def test_fast_launch_key_separates_what_triton_specialises_on():
-    """The cached launch path's key (sparseattn/ops/_fast_launch.py) keeps apart what would pick a different
+    """The cached launch path's key (sparseattn/_fast_launch.py) keeps apart what would pick a different
     compiled variant: pointer alignment, dtype, bool vs int, exact int values; the interpreter never uses it."""
-    from sparseattn.ops import _fast_launch as F
+    from sparseattn import _fast_launch as F
     x = torch.zeros(16)
     assert F._arg_key(x) != F._arg_key(x[1:])  # 4 bytes off a 16-byte boundary
     assert F._arg_key(x) != F._arg_key(x.half())

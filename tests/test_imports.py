@@ -12,7 +12,7 @@ PKG = pathlib.Path(__file__).resolve().parent.parent / "sparseattn"
 
 # lowest first; a module may import its own layer (without a cycle) or any lower one
 LAYERS = [
-    {"_checks", "_runtime"},
+    {"_checks", "_runtime", "_fast_launch"},
     {"patterns"},
     {"predicates", "maskc"},
     {"kernels"},

@@ -45,14 +45,36 @@ CONFIGS = [("kv_head", "mean", "block", True), ("kv_head", "bound", "member", Fa
            ("kv_head", "bound", "block", True), ("none", "mean", "member", False), ("all", "bound", "member", True)]
 
 
-@pytest.mark.parametrize("share,pool,semantics,causal", CONFIGS)
-def test_route_equals_reference(share, pool, semantics, causal):
+def _poisoned_empty(monkeypatch):
+    """``torch.empty`` that fills what it returns with garbage (NaN, or -7 for integers): a kernel that leaves
+    any element of its output unwritten shows up."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan") if t.is_floating_point() else -7)
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+# a third launch choice besides the first version and the current one: several [16, D] loads a block, element-wise
+# accumulation, three blocks a program (not a divisor of the block count), unsplit scores, Triton's own binding
+OTHER = routing.RouteKernels(pool_sub=16, pool_blocks=3, pool_row_acc=True, pool_warps=4, scores_split=False,
+                             select_zero_pad=True, fast_launch=False, index_checked=True)
+KERNELS = {"current": routing.CURRENT, "first": routing.FIRST, "other": OTHER}
+
+
+@pytest.mark.parametrize("share,pool,semantics,causal,kernels", [(*c, "current") for c in CONFIGS]
+                         + [(*c, kn) for c in CONFIGS[:4] for kn in ("first", "other")])
+def test_route_equals_reference(share, pool, semantics, causal, kernels, monkeypatch):
     n = CONFIGS.index((share, pool, semantics, causal))
     q, k = qk(B=1 + n % 2, seed=n)
     kw = dict(topk=3, share=share, pool=pool, semantics=semantics, causal=causal, local=1, sinks=1,
               member_topk=2 if semantics == "member" else None)
-    got = route(q, k, 32, 16, **kw)
-    assert_same_layout(got, route_reference(q, k, 32, 16, **kw))
+    want = route_reference(q, k, 32, 16, **kw)
+    _poisoned_empty(monkeypatch)  # every buffer route allocates starts as garbage: the kernels write it all
+    with routing.route_kernels(KERNELS[kernels]):
+        got = route(q, k, 32, 16, **kw)
+    assert_same_layout(got, want)
     assert got.dynamic and got.H == {"kv_head": 2, "all": 1, "none": 4}[share]
 
 
@@ -85,6 +107,88 @@ def test_block_scores_equal_reference():
         torch.testing.assert_close(got[visible], ref[visible], atol=1e-5, rtol=1e-5)
         if causal:  # query block 0 (positions 16..47) sees key blocks 0..2, the last one sees every block
             assert visible[..., -1, :].all() and visible[..., 0, :3].all() and not visible[..., 0, 3:].any()
+
+
+@pytest.mark.parametrize("share,pool,semantics,kernels", [("all", "mean", "block", "current"),
+                                                          ("all", "bound", "block", "first")])
+def test_many_key_blocks_on_poisoned_buffers(kernels, share, pool, semantics, monkeypatch):
+    """More than one 64-block column range (nk = 65), a 16-query-block group that cannot see the second range
+    (the split scores grid skips that GEMM), the shared heads in parts, clipped last blocks, and every
+    buffer route allocates poisoned: each launch choice still writes every element and equals the
+    reference."""
+    q, k = qk(Hq=2, Hkv=1, Lq=1040, Lk=1040, D=16, seed=21)
+    bq, bk = 64, 16  # 16 query blocks = 1,024 positions: the first group ends before key block 64 starts
+    kw = dict(topk=3, share=share, pool=pool, semantics=semantics, member_topk=1 if semantics == "member" else None)
+    spec = routing.check_route(q, k, bq, bk, 3, None, True, 1, 1, share, pool, semantics, None, kw["member_topk"],
+                               None)
+    _, cols, parts = routing.scores_grid(spec, KERNELS[kernels].scores_split)
+    if KERNELS[kernels].scores_split:  # the paths this test is for
+        assert -(-spec.nk // cols) == 2 and parts == spec.n_shared > 1
+    want = route_reference(q, k, bq, bk, **kw)
+    _poisoned_empty(monkeypatch)
+    with routing.route_kernels(KERNELS[kernels]):
+        got = route(q, k, bq, bk, **kw)
+        scores = block_scores(q, k, bq, bk, share=share, pool=pool)
+    assert_same_layout(got, want)
+    t_got, t_want = got.transposed_lists(), want.transpose(width=got.nq)
+    for count, index in (("q_count", "q_index"), ("full_q_count", "full_q_index")):
+        c = getattr(t_got, count)
+        assert torch.equal(c, getattr(t_want, count)), count
+        listed = torch.arange(got.nq) < c[..., None]  # the column tails are never written (nor read)
+        assert torch.equal(getattr(t_got, index)[listed], getattr(t_want, index)[listed]), index
+    ref = route_scores_reference(q, k, bq, bk, share=share, pool=pool)
+    assert torch.equal(torch.isfinite(scores), torch.isfinite(ref))
+    torch.testing.assert_close(scores[torch.isfinite(ref)], ref[torch.isfinite(ref)], atol=1e-5, rtol=1e-5)
+
+
+def test_split_scores_grid_is_bitwise_the_unsplit_one():
+    """Column ranges and head parts on the grid (max over the parts taken later) give the very same scores as
+    one program looping over every key block and head: each head's dot is the same, and max is exact."""
+    q, k = qk(Hq=2, Hkv=1, Lq=1040, Lk=1040, D=16, seed=22)
+    for share, pool in (("all", "bound"),):
+        spec = routing.check_route(q, k, 64, 16, 3, None, True, 1, 1, share, pool, "block", None, None, None)
+        pooled = routing._pool(q, k, spec)
+        parts = routing._score_parts(pooled, spec, routing.CURRENT)
+        assert parts.shape[0] > 1
+        assert torch.equal(parts.amax(0), routing._scores(pooled, spec, routing.FIRST)), share
+
+
+def test_pool_choices_agree():
+    """Every pooling launch choice gives the reference's mean (to rounding: the sum order differs) and exactly
+    its min and max, with clipped last blocks of Q and K of different lengths."""
+    from sparseattn.reference import _pooled_blocks
+    q, k = qk(Hq=4, Hkv=2, Lq=150, Lk=200, D=32, seed=23)
+    spec = routing.check_route(q, k, 32, 16, 3, None, True, 1, 1, "kv_head", "bound", "block", None, None, None)
+    q_ref, _, _ = _pooled_blocks(q, 32)
+    k_ref = _pooled_blocks(k, 16)
+    for kernels in KERNELS.values():
+        q_mean, k_mean, k_min, k_max = routing._pool(q, k, spec, kernels)
+        torch.testing.assert_close(q_mean, q_ref, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(k_mean, k_ref[0], atol=1e-6, rtol=1e-6)
+        assert torch.equal(k_min, k_ref[1]) and torch.equal(k_max, k_ref[2])
+
+
+def test_scores_grid_at_the_issue_shape():
+    """At the issue's shape (nq = nk = 256, 16 heads): one selection per KV head keeps whole column ranges on
+    the grid (1,024 programs), one selection for all heads splits its 16 heads into 8 parts (512 programs
+    instead of the first version's 16)."""
+    from types import SimpleNamespace
+    kv_head = SimpleNamespace(nq=256, nk=256, B=1, LH=16, n_shared=1)
+    every = SimpleNamespace(nq=256, nk=256, B=1, LH=1, n_shared=16)
+    assert routing.scores_grid(kv_head, split=True) == (64, 64, 1)
+    assert routing.scores_grid(every, split=True) == (64, 64, 8)
+    assert routing.scores_grid(every, split=False) == (64, 256, 1)  # one program per 16 query blocks
+
+
+def test_route_kernels_switch_is_scoped_and_checked():
+    assert routing._KERNELS[0] is routing.CURRENT
+    with routing.route_kernels(routing.FIRST):
+        assert routing._KERNELS[0] is routing.FIRST
+        with pytest.raises(TypeError, match="RouteKernels"):
+            with routing.route_kernels({"pool_sub": 32}):
+                pass
+        assert routing._KERNELS[0] is routing.FIRST
+    assert routing._KERNELS[0] is routing.CURRENT
 
 
 def test_ties_go_to_the_lower_block():

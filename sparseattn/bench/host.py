@@ -15,7 +15,7 @@ cuDNN on the pattern's causal envelope) this suite records:
   as ``.item()`` and ``nonzero``, not a driver call made by Triton).
 
 For our op it also records ``host_us_triton_binding``: the same host measurement with the cached launch path
-off (:mod:`sparseattn.ops._fast_launch`), so every launch goes through Triton's own argument binding.
+off (:mod:`sparseattn._fast_launch`), so every launch goes through Triton's own argument binding.
 At one length it also records a ``cProfile`` of ``n`` calls: the functions with the most own
 time, in microseconds per call (``profile`` in the row), so the host path can be cut where it is spent.
 """
@@ -28,7 +28,8 @@ from typing import Callable, List, Optional
 
 import torch
 
-from ..ops import _fast_launch, sparse_attention
+from .. import _fast_launch
+from ..ops import sparse_attention
 from . import _common as C
 from .cases import dense_pattern_of, prefill_layout
 from .record import Impl, Pass, Record

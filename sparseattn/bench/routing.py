@@ -28,7 +28,7 @@ import torch
 
 from .. import patterns as P
 from ..ops import routed_attention, sparse_attention
-from ..routing import route, select_blocks, selection_recall
+from ..routing import FIRST, route, route_kernels, select_blocks, selection_recall
 from . import _common as C
 from .record import Impl, Pass, Record
 
@@ -43,10 +43,9 @@ REUSE_HKV = 4  # GQA: 16 query heads on 4 KV heads for the head-sharing rows
 DRIFTS = [0.1, 0.3, 0.5]  # stale selections: routed on inputs with this share of fresh noise mixed in
 RECALL_ROWS = 512  # sampled query rows per recall
 TOPICS, CONTRAST = 64, 5.5  # synthetic inputs: topic directions, logit gap of a matching key
-COLUMNS = ["N", "topk", "route", "index", "transpose", "fwd", "step", "step_graph", "overhead", "flex_route",
-           "flex_index", "flex_fwd", "flex_step", "flex_step_graph", "speedup", "eager_speedup", "train_graph",
-           "flex_train",
-           "train_speedup", "cudnn_causal", "recall"]
+COLUMNS = ["N", "topk", "route", "route_again", "route_first", "index", "index_first", "transpose", "fwd", "step",
+           "step_graph", "overhead", "flex_route", "flex_index", "flex_fwd", "flex_step", "flex_step_graph", "speedup",
+           "eager_speedup", "train_graph", "flex_train", "train_speedup", "cudnn_causal", "recall"]
 
 
 def routing_inputs(B: int, Hq: int, Hkv: int, N: int, D: int, dtype, device, seed: int = 0,
@@ -209,8 +208,18 @@ def _case(args, N: int, topk: int, full: bool, records: list) -> dict:
                    for t in (q, k)]
             drift[str(d)] = selection_recall(q, k, route(*mix, **kw), sample=RECALL_ROWS).mean()
         route_extra["recall_drifted"] = drift
+    index_extra = {}
+    if full:  # where route's time goes, and the first version's kernels timed in the same process
+        _route_ab(q, k, kw, sel, route_extra, index_extra, errors)
+        # the main case measured again, after everything above: the first measurement of a run may carry a
+        # first-call effect (clocks, allocator, caches); "ms" stays the first, "ms_again" is this one
+        route_extra["ms_again"] = _timed(lambda: select_blocks(q, k, **kw), "route again", errors)
+        index_extra["ms_again"] = _timed(sel.to_layout, "index again", errors)
     _record(records, case, Impl.OURS, Pass.ROUTE, ms_route, errors, "route", **route_extra)
-    _record(records, case, Impl.OURS, Pass.INDEX, ms_index, errors, "index")
+    _record(records, case, Impl.OURS, Pass.INDEX, ms_index, errors, "index", **index_extra)
+    if full:
+        row.update(route_again=_fmt(route_extra["ms_again"], 4), route_first=_fmt(route_extra["ms_first_kernels"], 4),
+                   index_first=_fmt(index_extra["ms_first_kernels"], 4))
     if full:  # the fused transpose alone (the issue's target: <= 0.2 ms at N = 32k)
         ms_t = _timed(lambda: layout.transpose_fixed(layout.nq), "transpose", errors)
         _record(records, case, Impl.OURS, Pass.TRANSPOSE, ms_t, errors, "transpose")
@@ -246,6 +255,59 @@ def _case(args, N: int, topk: int, full: bool, records: list) -> dict:
     if row.get("flex_train") and row.get("train_graph"):
         row["train_speedup"] = round(row["flex_train"] / row["train_graph"], 2)
     return row
+
+
+# device kernels of a route (select_blocks) and of its index (Selection.to_layout), by name, for profile_step
+ROUTE_KERNELS = (r"pool_kernel", r"block_scores_kernel", r"select_kernel", r"member_kernel")
+INDEX_KERNELS = (r"transpose_kernel",)
+#: pooling launch choices timed alone at the main shape: (rows a load (None: the block), blocks a program,
+#: element-wise accumulation, warps); the first is the first version's, the second the current default
+POOL_CHOICES = [(32, 1, False, 4), (None, 2, False, 8), (None, 1, False, 8), (None, 4, False, 8), (64, 2, True, 8),
+                (None, 2, False, 4)]
+
+
+def _route_profile(fn, errors: dict, what: str) -> Optional[dict]:
+    """``roofline.profile_step`` of ``fn`` (a route, then its index) as JSON: device ms per kernel name, the
+    route / index buckets, wall time; None with the reason in ``errors`` if the profiler fails."""
+    from ..roofline import profile_step
+    try:
+        return profile_step(fn, warmup=3, route=ROUTE_KERNELS, index=INDEX_KERNELS).as_dict()
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        errors[what] = f"{type(e).__name__}: {str(e)[:300]}"
+        C.note(f"{what} failed: {errors[what]}")
+        return None
+
+
+def _route_ab(q, k, kw: dict, sel, route_extra: dict, index_extra: dict, errors: dict) -> None:
+    """At the main shape: route and index with the first version's launches (``routing.FIRST``) beside the
+    current ones, each term alone (pool, scores, select), pooling under several launch choices, and a
+    ``torch.profiler`` split of both versions by kernel (device time per kernel, no host time)."""
+    from .. import routing as R
+    spec = R.check_route(q, k, kw["block_q"], kw["block_k"], kw["topk"], None, True, kw["local"], kw["sinks"],
+                         kw["share"], "mean", "block", None, None, None)
+    route_extra["kernels"] = R.CURRENT._asdict()
+    for name, kn in (("current", R.CURRENT), ("first", R.FIRST)):
+        with R.route_kernels(kn):
+            if name == "first":
+                route_extra["ms_first_kernels"] = _timed(lambda: select_blocks(q, k, **kw), "route first", errors)
+                index_extra["ms_first_kernels"] = _timed(sel.to_layout, "index first", errors)
+            pooled = R._pool(q, k, spec)
+            parts = R._score_parts(pooled, spec)
+            route_extra[f"terms_{name}"] = {
+                "pool": _timed(lambda: R._pool(q, k, spec), f"pool {name}", errors),
+                "scores": _timed(lambda: R._score_parts(pooled, spec), f"scores {name}", errors),
+                "select": _timed(lambda: R._select(parts, spec), f"select {name}", errors)}
+            route_extra[f"profile_{name}"] = _route_profile(lambda: select_blocks(q, k, **kw).to_layout(), errors,
+                                                           f"profile {name}")
+    pool_rows = []
+    for sub, blocks, row_acc, warps in POOL_CHOICES:
+        kn = R.CURRENT._replace(pool_sub=sub, pool_blocks=blocks, pool_row_acc=row_acc, pool_warps=warps)
+        ms = _timed(lambda: R._pool(q, k, spec, kn), f"pool {sub},{blocks},{row_acc},{warps}", errors)
+        pool_rows.append({"sub": sub, "blocks": blocks, "row_acc": row_acc, "warps": warps, "ms": ms})
+    read_bytes = (q.numel() + k.numel()) * q.element_size()
+    for r in pool_rows:  # what each choice reads per second: Q and K once
+        r["tbps"] = read_bytes / r["ms"] / 1e9 if r["ms"] else None
+    route_extra["pool_choices"] = pool_rows
 
 
 def _train(q, k, v, kw, layout, case, records, errors, row) -> None:
@@ -345,15 +407,18 @@ def _reuse(args, records: list, table: list) -> None:
                 "block": BLOCK, "topk": TOPK, "local": LOCAL, "sinks": SINKS, "share": share, "semantics": "block"}
         layout = route(q, k, **kw)
         ms_route = _timed(lambda: select_blocks(q, k, **kw), "route", errors)
+        with route_kernels(FIRST):  # the first version's launches (share="all": 16 scores programs)
+            ms_first = _timed(lambda: select_blocks(q, k, **kw), "route first", errors)
         ms_graph = None
         graph, _ = _graph(lambda: sparse_attention(q, k, v, route(q, k, **kw)), "step graph", errors)
         if graph is not None:
             ms_graph = _timed(graph.replay, "step graph", errors)
         recall = selection_recall(q, k, layout, sample=RECALL_ROWS).mean()
         _record(records, case, Impl.OURS, Pass.ROUTE, ms_route, errors, "route", recall=recall,
-                layout_heads=layout.H)
+                layout_heads=layout.H, ms_first_kernels=ms_first)
         _record(records, case, Impl.OURS, Pass.STEP_GRAPH, ms_graph, errors, "step graph")
         table.append({"N": MAIN_N, "topk": f"{TOPK} share={share}", "route": _fmt(ms_route, 4),
+                      "route_first": _fmt(ms_first, 4),
                       "step_graph": _fmt(ms_graph), "recall": round(recall, 3)})
 
 

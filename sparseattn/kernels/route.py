@@ -1,12 +1,18 @@
 """Content routing on the device: pooled blocks, block scores, a top-k per query block, and per-row member bits.
 
-``pool_kernel``: one program per (block, batch * head) of Q or of K (one launch for both): the mean of the
-block's rows and, for keys with ``pool="bound"``, their element-wise min and max (Quest's bound). Reads each
-of Q and K once; everything after works on ``D`` numbers per block.
+``pool_kernel``: grid (groups of ``BLOCKS`` consecutive blocks, batch * head of Q, then of K: one launch for
+both): the mean of each block's rows and, for keys with ``pool="bound"``, their element-wise min and max
+(Quest's bound). Reads each of Q and K once, everything after works on ``D`` numbers per block. Pooling is a
+pure read, so what matters is how many bytes each SM has in flight: a program reads ``BLOCKS`` whole blocks,
+``SUB`` rows a load (``SUB = BLOCK``: one ``[BLOCK, D]`` load), and with ``ROW_ACC`` it adds the loads
+element-wise into a ``[SUB, D]`` accumulator and reduces once at the end, so no reduction (with its barrier)
+sits between two loads. The launch choice is ``sparseattn.routing.RouteKernels``.
 
-``block_scores_kernel``: one program per (``BLOCK_R`` query blocks, batch * layout head): pooled Q against
-every pooled K block by ``tl.dot`` (fp32, ieee), the max over the query heads that share the selection, the
-softmax scale, and -inf for blocks the query block cannot see (causal, or past the keys).
+``block_scores_kernel``: grid (``BLOCK_R`` query blocks, key-column ranges x parts of the shared heads,
+batch * layout head): pooled Q against pooled K by ``tl.dot`` (fp32, ieee), the max over the query heads
+of the program's part, the softmax scale, -inf for blocks the query block cannot see (causal, or past the
+keys). A chunk of key blocks that starts after every row's last position is only -inf (``SKIP_HIDDEN``: no
+GEMM). Parts write separate planes; the select kernel takes their max (exact in any order).
 
 ``select_kernel``: one program per (``ROWS`` query blocks, batch * layout head). The forced blocks (the first
 ``sinks``, the ``local`` blocks ending at the diagonal) are kept; of the other visible blocks it keeps the top
@@ -14,7 +20,8 @@ softmax scale, and -inf for blocks the query block cannot see (causal, or past t
 smallest number whose softmax mass (with the forced blocks') reaches it. The k-th score is found by
 bisection on the float's bits (as ``select_pages`` does); blocks above it are kept, ties at it go to the lower
 block index. The chosen blocks are written ascending by a running prefix sum, split into partial tiles (they
-cross the causal diagonal) and full tiles; no sort, no host sync, fixed widths.
+cross the causal diagonal) and full tiles; no sort, no host sync, fixed widths; with ``ZERO_PAD`` the unused
+slots get 0 from the same program (no zero-filled buffers launched before it).
 
 ``member_kernel``: one program per (``BLOCK_M`` query rows, batch * layout head). Each row scores its query
 block's selected blocks against their pooled keys (the max over the shared heads), keeps the forced ones and
@@ -28,23 +35,42 @@ from ._common import LOG2E
 
 @triton.jit
 def _pool_rows(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
-               BLOCK: tl.constexpr, SUB: tl.constexpr, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr):
+               BLOCK: tl.constexpr, SUB: tl.constexpr, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr,
+               ROW_ACC: tl.constexpr):
     b = bh // H
     h = bh % H
     offs_d = tl.arange(0, HEAD_DIM)
     base = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
-    b_sum = tl.zeros([HEAD_DIM], tl.float32)
-    b_min = tl.full([HEAD_DIM], float("inf"), tl.float32)
-    b_max = tl.full([HEAD_DIM], float("-inf"), tl.float32)
+    if ROW_ACC:
+        # element-wise [SUB, D] accumulators, reduced once after the loop: no reduction (and no barrier)
+        # between the loads, so a program's loads do not wait on each other's sums
+        b_sum = tl.zeros([SUB, HEAD_DIM], tl.float32)
+        b_min = tl.full([SUB, HEAD_DIM], float("inf"), tl.float32)
+        b_max = tl.full([SUB, HEAD_DIM], float("-inf"), tl.float32)
+    else:  # the first version: reduce every [SUB, D] load to [D] before the next
+        b_sum = tl.zeros([HEAD_DIM], tl.float32)
+        b_min = tl.full([HEAD_DIM], float("inf"), tl.float32)
+        b_max = tl.full([HEAD_DIM], float("-inf"), tl.float32)
     for r0 in range(0, BLOCK, SUB):
         offs = blk * BLOCK + r0 + tl.arange(0, SUB)  # [SUB]
         ok = offs < L
         b_x = tl.load(base + offs[:, None].to(tl.int64) * stride_l + offs_d[None, :], mask=ok[:, None],
                       other=0.0).to(tl.float32)  # [SUB, D]
-        b_sum += tl.sum(b_x, 0)
+        if ROW_ACC:
+            b_sum += b_x
+            if BOUND:
+                b_min = tl.minimum(b_min, tl.where(ok[:, None], b_x, float("inf")))
+                b_max = tl.maximum(b_max, tl.where(ok[:, None], b_x, float("-inf")))
+        else:
+            b_sum += tl.sum(b_x, 0)
+            if BOUND:
+                b_min = tl.minimum(b_min, tl.min(tl.where(ok[:, None], b_x, float("inf")), 0))
+                b_max = tl.maximum(b_max, tl.max(tl.where(ok[:, None], b_x, float("-inf")), 0))
+    if ROW_ACC:
+        b_sum = tl.sum(b_sum, 0)  # [D]
         if BOUND:
-            b_min = tl.minimum(b_min, tl.min(tl.where(ok[:, None], b_x, float("inf")), 0))
-            b_max = tl.maximum(b_max, tl.max(tl.where(ok[:, None], b_x, float("-inf")), 0))
+            b_min = tl.min(b_min, 0)
+            b_max = tl.max(b_max, 0)
     n = tl.minimum(L - blk * BLOCK, BLOCK)  # rows of the block inside the sequence (the last one is clipped)
     out = (bh.to(tl.int64) * n_blocks + blk) * HEAD_DIM + offs_d
     tl.store(OUT_MEAN + out, b_sum / n.to(tl.float32))
@@ -60,18 +86,19 @@ def pool_kernel(
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     Hq, Hkv, Lq, Lk, nq, nk, BQ_PROGRAMS,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
-    BOUND: tl.constexpr,
+    BLOCKS: tl.constexpr, ROW_ACC: tl.constexpr, BOUND: tl.constexpr,
 ):
-    blk = tl.program_id(0)
     bh = tl.program_id(1)
-    if bh < BQ_PROGRAMS:  # the first B * Hq programs pool query blocks, the rest key blocks
-        if blk < nq:
-            _pool_rows(Q, Q_MEAN, Q_MEAN, Q_MEAN, blk, bh, Lq, nq, stride_qb, stride_qh, stride_qm, Hq,
-                       BLOCK_Q, SUB, HEAD_DIM, False)
-    else:
-        if blk < nk:
-            _pool_rows(K, K_MEAN, K_MIN, K_MAX, blk, bh - BQ_PROGRAMS, Lk, nk, stride_kb, stride_kh, stride_kn,
-                       Hkv, BLOCK_K, SUB, HEAD_DIM, BOUND)
+    for t in tl.static_range(BLOCKS):  # BLOCKS consecutive blocks a program: independent loads in flight
+        blk = tl.program_id(0) * BLOCKS + t
+        if bh < BQ_PROGRAMS:  # the first B * Hq programs pool query blocks, the rest key blocks
+            if blk < nq:
+                _pool_rows(Q, Q_MEAN, Q_MEAN, Q_MEAN, blk, bh, Lq, nq, stride_qb, stride_qh, stride_qm, Hq,
+                           BLOCK_Q, SUB, HEAD_DIM, False, ROW_ACC)
+        else:
+            if blk < nk:
+                _pool_rows(K, K_MEAN, K_MIN, K_MAX, blk, bh - BQ_PROGRAMS, Lk, nk, stride_kb, stride_kh,
+                           stride_kn, Hkv, BLOCK_K, SUB, HEAD_DIM, BOUND, ROW_ACC)
 
 
 @triton.jit
@@ -109,23 +136,41 @@ def forced_blocks(j, i, Lq, q_offset, nk, local, sinks, BLOCK_Q: tl.constexpr, B
 @triton.jit
 def block_scores_kernel(
     Q_MEAN, K_MEAN, K_MIN, K_MAX, S,
-    Hq, Hkv, group, LH, n_shared, nq, nk, Lq, Lk, q_offset, scale,
+    Hq, Hkv, group, LH, n_shared, nq, nk, Lq, Lk, q_offset, scale, cols_per_program, heads_per_part, part_stride,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, CAUSAL: tl.constexpr, BOUND: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAUSAL: tl.constexpr, SKIP_HIDDEN: tl.constexpr, BOUND: tl.constexpr,
 ):
+    """Grid ``(query-block groups, column ranges x head parts, B * LH)``: a program scores ``BLOCK_R`` query
+    blocks against the key blocks ``[c_begin, c_begin + cols_per_program)``, taking the max over the
+    ``heads_per_part`` shared heads of its part; part ``p`` writes its maxima at ``S + p * part_stride`` (the
+    select kernel takes the max over the parts; max is exact in any order, so the parts change no result).
+    One column range and one part is the first version's grid (a program loops over every key block and
+    every shared head)."""
     rb = tl.program_id(0)
-    blh = tl.program_id(1)
+    n_col_ranges = tl.cdiv(nk, cols_per_program)
+    col_range = tl.program_id(1) % n_col_ranges
+    part = tl.program_id(1) // n_col_ranges
+    blh = tl.program_id(2)
     b = blh // LH
     lh = blh % LH
     offs_r = rb * BLOCK_R + tl.arange(0, BLOCK_R)  # [R] query blocks
     r_ok = offs_r < nq
     offs_d = tl.arange(0, HEAD_DIM)
     q_last = tl.minimum((offs_r + 1) * BLOCK_Q, Lq) - 1 + q_offset  # [R] last position of each query block
-    for c0 in range(0, nk, BLOCK_C):
+    # the last key position any of these query blocks can see: key chunks starting after it are all -inf
+    last_seen = tl.max(tl.where(r_ok, q_last, 0))
+    c_begin = col_range * cols_per_program
+    c_end = tl.minimum(c_begin + cols_per_program, nk)
+    S_PART = S + part.to(tl.int64) * part_stride
+    for c0 in range(c_begin, c_end, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)  # [C] key blocks
-        c_ok = offs_c < nk
+        c_ok = offs_c < c_end
         b_s = tl.full([BLOCK_R, BLOCK_C], float("-inf"), tl.float32)
-        for g in range(0, n_shared):  # the query heads that share this selection: their max
+        g_begin = part * heads_per_part
+        g_end = tl.minimum(g_begin + heads_per_part, n_shared)
+        if SKIP_HIDDEN and CAUSAL:  # a chunk that starts after every row's last position: no GEMM, only -inf
+            g_end = tl.where(c0 * BLOCK_K > last_seen, g_begin, g_end)
+        for g in range(g_begin, g_end):  # the query heads that share this selection: their max
             hq = lh * n_shared + g
             hkv = hq // group
             q_rows = (b * Hq + hq).to(tl.int64) * nq + offs_r  # [R]
@@ -137,7 +182,7 @@ def block_scores_kernel(
             visible = visible & (offs_c[None, :] * BLOCK_K <= q_last[:, None])
         b_s = tl.where(visible, b_s * scale, float("-inf"))  # [R, C]
         out = (blh.to(tl.int64) * nq + offs_r[:, None]) * nk + offs_c[None, :]
-        tl.store(S + out, b_s, mask=r_ok[:, None] & c_ok[None, :])
+        tl.store(S_PART + out, b_s, mask=r_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
@@ -211,30 +256,38 @@ def _mass_count(b_s, b_key, visible, forced, cand, n_cand, threshold):
 
 
 @triton.jit
-def _write_ascending(take, offs, OUT_INDEX, rows, width, r_ok):
+def _write_ascending(take, offs, OUT_INDEX, rows, width, r_ok, ZERO_PAD: tl.constexpr):
     """Store, per row, the column indices where ``take [R, N]`` holds at slots 0, 1, ... (ascending) of
-    ``OUT_INDEX[rows]``; return the counts ``[R]``."""
+    ``OUT_INDEX[rows]``; return the counts ``[R]``. ``ZERO_PAD``: also write 0 into the row's unused slots
+    (``count .. width - 1``; ``width <= N``), so the caller needs no zero-filled buffer (one launch less)."""
     pos = tl.cumsum(take.to(tl.int32), 1) - 1
     tl.store(OUT_INDEX + rows[:, None] * width + pos, tl.broadcast_to(offs[None, :], pos.shape),
              mask=take & r_ok[:, None])
-    return tl.sum(take.to(tl.int32), 1)
+    n = tl.sum(take.to(tl.int32), 1)
+    if ZERO_PAD:
+        pad = (offs[None, :] >= n[:, None]) & (offs[None, :] < width) & r_ok[:, None]  # [R, N] slots
+        tl.store(OUT_INDEX + rows[:, None] * width + offs[None, :], tl.zeros(pad.shape, tl.int32), mask=pad)
+    return n
 
 
 @triton.heuristics({"HAS_THRESHOLD": lambda a: a["threshold"] is not None})
 @triton.jit
 def select_kernel(
     S, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
-    nq, nk, Lq, Lk, q_offset, topk, capacity, local, sinks, threshold, W, FW,
+    nq, nk, Lq, Lk, q_offset, topk, capacity, local, sinks, threshold, W, FW, n_parts, part_stride,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NK: tl.constexpr, ROWS: tl.constexpr,
-    CAUSAL: tl.constexpr, MEMBER: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+    CAUSAL: tl.constexpr, MEMBER: tl.constexpr, HAS_THRESHOLD: tl.constexpr, ZERO_PAD: tl.constexpr,
 ):
     i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R] query blocks
     r_ok = i < nq
     blh = tl.program_id(1)
     rows = blh.to(tl.int64) * nq + i  # [R]
     offs = tl.arange(0, BLOCK_NK)  # [NK] key blocks
-    b_s = tl.load(S + rows[:, None] * nk + offs[None, :], mask=r_ok[:, None] & (offs < nk)[None, :],
-                  other=float("-inf"))  # [R, NK]
+    s_ptr = S + rows[:, None] * nk + offs[None, :]
+    s_ok = r_ok[:, None] & (offs < nk)[None, :]
+    b_s = tl.load(s_ptr, mask=s_ok, other=float("-inf"))  # [R, NK]
+    for p in range(1, n_parts):  # the scores kernel split the shared heads into parts: their max
+        b_s = tl.maximum(b_s, tl.load(s_ptr + p * part_stride, mask=s_ok, other=float("-inf")))
     visible = b_s > float("-inf")  # the scores kernel wrote -inf where the block cannot be seen
     j = offs[None, :]
     forced = visible & forced_blocks(j, i[:, None], Lq, q_offset, nk, local, sinks, BLOCK_Q, BLOCK_K)
@@ -246,14 +299,16 @@ def select_kernel(
         k = tl.minimum(k, _mass_count(b_s, b_key, visible, forced, cand, n_cand, threshold))
     take = forced | _top_k(b_key, cand, k)  # every candidate above the k-th score; ties in block order
     if MEMBER:  # every tile is masked: the member bits decide per row
-        n_partial = _write_ascending(take, offs, KV_INDEX, rows, W, r_ok)
+        n_partial = _write_ascending(take, offs, KV_INDEX, rows, W, r_ok, ZERO_PAD)
         n_full = tl.zeros([ROWS], tl.int32)
+        if ZERO_PAD:  # the (unused) full list of a member selection: zeros
+            _write_ascending(take & (j < 0), offs, FULL_INDEX, rows, FW, r_ok, ZERO_PAD)
     else:
         full = take
         if CAUSAL:  # full: the block's last key (clipped) is not after the query block's first position
             full = take & (tl.minimum((j + 1) * BLOCK_K, Lk) - 1 <= (i * BLOCK_Q + q_offset)[:, None])
-        n_partial = _write_ascending(take & (full == 0), offs, KV_INDEX, rows, W, r_ok)
-        n_full = _write_ascending(full, offs, FULL_INDEX, rows, FW, r_ok)
+        n_partial = _write_ascending(take & (full == 0), offs, KV_INDEX, rows, W, r_ok, ZERO_PAD)
+        n_full = _write_ascending(full, offs, FULL_INDEX, rows, FW, r_ok, ZERO_PAD)
     tl.store(KV_COUNT + rows, n_partial, mask=r_ok)
     tl.store(FULL_COUNT + rows, n_full, mask=r_ok)
 

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .. import _runtime, maskc
-from . import _fast_launch
+from .. import _fast_launch
 from ..layout import BlockLayout
 from ..predicates import Predicate, kernel_predicate
 
@@ -291,7 +291,7 @@ def launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **
 def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **kwargs):
     """``kernel[grid](**static, **kwargs)``; if the tile config needs more shared memory than the GPU has (the
     bit-mask path adds a buffer), retry with fewer pipeline stages. On the GPU, a call whose arguments
-    specialise as an earlier call's did skips Triton's argument binding (:mod:`._fast_launch`; ``static``:
+    specialise as an earlier call's did skips Triton's argument binding (:mod:`sparseattn._fast_launch`; ``static``:
     the arguments that never change for this launch, kept by the caller, keyed by one token); the variant
     that launched (after any retry) is the one kept for the key of the stages asked for."""
     if _runtime.is_interpreter():

@@ -1,4 +1,4 @@
-"""The cached launch path (sparseattn/ops/_fast_launch.py) against Triton's own binding, on the GPU: the same
+"""The cached launch path (sparseattn/_fast_launch.py) against Triton's own binding, on the GPU: the same
 kernels, bitwise the same outputs and gradients, for every mask path, the split columns of the backward, the
 split forward, GQA, and tensors whose alignment changes the specialisation. Skipped without CUDA."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 import sparseattn as sa
 from sparseattn import BlockLayout, FwdConfig, patterns as P
-from sparseattn.ops import _fast_launch
+from sparseattn import _fast_launch
 from sparseattn.roofline.cases import stripes_mask
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

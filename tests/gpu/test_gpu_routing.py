@@ -169,3 +169,34 @@ def test_fused_transpose_at_32k_matches_the_torch_transpose():
     static = BlockLayout.from_mask_mod(P.causal(), 32768, 32768, 128, 128, device=DEV)
     t = static.transpose(width=static.nq)
     assert torch.equal(t.full_q_count, static.full_q_count)
+
+@pytest.mark.parametrize("share,pool", [("all", "mean"), ("kv_head", "bound"), ("none", "mean")])
+def test_current_launches_equal_the_first_versions(share, pool):
+    """Issue 14's launch choices change no result at the issue's shape: the split scores grid (column ranges,
+    head parts, skipped hidden chunks) is bitwise the first version's on the same pooled blocks; every pooling
+    choice matches the reference's pooling; the routed layout through the cached launch path (second call:
+    a cache hit) is bitwise the one Triton's own binding launches."""
+    from sparseattn import _fast_launch
+    from sparseattn.reference import _pooled_blocks
+    q, k, _ = _inputs(32768, Hq=16, Hkv=16 if share == "kv_head" else 4)
+    spec = check_route(q, k, 128, 128, 16, None, True, 1, 1, share, pool, "block", None, None, None)
+    pooled = routing._pool(q, k, spec)
+    parts = routing._score_parts(pooled, spec, routing.CURRENT)
+    assert torch.equal(parts.amax(0), routing._scores(pooled, spec, routing.FIRST))
+    q_ref, k_ref = _pooled_blocks(q, 128), _pooled_blocks(k, 128)
+    for sub, blocks, row_acc, warps in ((32, 1, False, 4), (None, 2, False, 8), (64, 2, True, 8), (None, 4, False, 8)):
+        kn = routing.CURRENT._replace(pool_sub=sub, pool_blocks=blocks, pool_row_acc=row_acc, pool_warps=warps)
+        q_mean, k_mean, k_min, k_max = routing._pool(q, k, spec, kn)
+        torch.testing.assert_close(q_mean, q_ref[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(k_mean, k_ref[0], atol=1e-5, rtol=1e-5)
+        if pool == "bound":
+            assert torch.equal(k_min, k_ref[1]) and torch.equal(k_max, k_ref[2])
+    kw = dict(topk=16, share=share, pool=pool)
+    with routing.route_kernels(routing.CURRENT._replace(fast_launch=False)):
+        slow = sa.route(q, k, 128, 128, **kw)
+    sa.route(q, k, 128, 128, **kw)
+    hits = _fast_launch.stats["hits"]
+    fast = sa.route(q, k, 128, 128, **kw)
+    assert _fast_launch.stats["hits"] >= hits + 4  # pool, scores, select, transpose
+    for name in ("kv_count", "kv_index", "full_count", "full_index", "q_count", "full_q_count"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name

@@ -193,16 +193,21 @@ def routing_variants():
     for block, d in ((128, 128),):
         for bound in (False, True):
             ptrs = dict(Q=BF16, K=BF16, Q_MEAN=F32, K_MEAN=F32, **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
-            yield route.pool_kernel, ptrs, (), dict(HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, SUB=32,
-                                                    **({} if bound else {"K_MIN": None, "K_MAX": None}))
+            # the launch choices of sparseattn.routing (FIRST, CURRENT) and the element-wise accumulation
+            for sub, blocks, row_acc in ((32, 1, False), (128, 2, False), (64, 2, True)):
+                yield route.pool_kernel, ptrs, (), dict(HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, SUB=sub,
+                                                        BLOCKS=blocks, ROW_ACC=row_acc,
+                                                        **({} if bound else {"K_MIN": None, "K_MAX": None}))
             ptrs = dict(Q_MEAN=F32, K_MEAN=F32, S=F32, **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
-            yield route.block_scores_kernel, ptrs, ("scale",), dict(
-                HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, BLOCK_R=16, BLOCK_C=64, CAUSAL=not bound,
-                **({} if bound else {"K_MIN": None, "K_MAX": None}))
+            for causal, skip in ((True, True), (True, False), (False, False)):
+                yield route.block_scores_kernel, ptrs, ("scale",), dict(
+                    HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, BLOCK_R=16, BLOCK_C=64, CAUSAL=causal,
+                    SKIP_HIDDEN=skip, **({} if bound else {"K_MIN": None, "K_MAX": None}))
     lists = dict(S=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32, FULL_INDEX=I32)
-    for block_nk, member, threshold in ((256, False, False), (256, True, True), (8192, False, True)):
+    for block_nk, member, threshold, zero_pad in ((256, False, False, True), (256, False, False, False),
+                                                  (256, True, True, True), (8192, False, True, True)):
         yield route.select_kernel, lists, ("threshold",) if threshold else (), dict(
-            BLOCK_Q=128, BLOCK_K=128, BLOCK_NK=block_nk, ROWS=1, CAUSAL=True, MEMBER=member,
+            BLOCK_Q=128, BLOCK_K=128, BLOCK_NK=block_nk, ROWS=1, CAUSAL=True, MEMBER=member, ZERO_PAD=zero_pad,
             **({} if threshold else {"threshold": None}))
     for bound in (False, True):
         ptrs = dict(Q=BF16, K_MEAN=F32, KV_COUNT=I32, KV_INDEX=I32, ROW_SLOT=U8,

@@ -1,4 +1,4 @@
-"""Replay recorded launches through the cached launch path (sparseattn/ops/_fast_launch.py) with the kernels
+"""Replay recorded launches through the cached launch path (sparseattn/_fast_launch.py) with the kernels
 defined as compiled JIT functions, on a machine without a GPU, and check the argument list it hands to the
 compiled kernel's launcher: one value per kernel parameter, in parameter order, the caller's values where the
 caller gave them (static or per call) and the ``@triton.heuristics`` flags Triton would compute elsewhere.
@@ -20,7 +20,7 @@ import sparseattn._runtime as runtime  # noqa: E402
 
 runtime._BACKEND = "cuda"  # define the kernels as compiled JIT functions, not interpreted ones
 from sparseattn.kernels import decode, merge, prefill_bwd, prefill_fwd  # noqa: E402
-from sparseattn.ops import _fast_launch as F  # noqa: E402
+from sparseattn import _fast_launch as F  # noqa: E402
 
 torch.cuda.current_device = lambda: 0  # no GPU here: the cache asks for the device and its stream
 torch._C._cuda_getCurrentRawStream = lambda device: 0
