@@ -21,7 +21,7 @@ suite recorded with that path:
   914c8dd); measured in ``book/data/bench/checks/host-before-delta-kernel-h200.json`` (commit c3e0121, N = 1k,
   2k, 4k). Every recorded bench file the calibration reads, the crossover sweep included (commit 9c166ce),
   ran this path, so it prices their eager calls.
-* ``"fast-launch"``: the cached launch (``sparseattn/ops/_fast_launch.py``); measured in
+* ``"fast-launch"``: the cached launch (``sparseattn/_fast_launch.py``); measured in
   ``book/data/bench/host-h200.json`` (N = 2048). :func:`sparseattn.roofline.cost` prices the code as it is
   now, so it uses this path.
 
