@@ -48,8 +48,8 @@ def test_host_calibration_is_disjoint_from_the_sweep():
     rec = load_record("h200")
     sec = rec["host"]
     points = calibrate.load_points()
-    sweep = H.sweep_fingerprints(points)
-    rows = H.host_rows(sec["recorded"], exclude=sweep)
+    sweep = calibrate.sweep_fingerprints(points)
+    rows = calibrate.host_rows(sec["recorded"], exclude=sweep)
     cal = [r for r in rows if r["role"] == "calibration"]
     assert cal and any(r["role"] == "excluded" for r in rows)
     from sparseattn.roofline.calibrate import _layout

@@ -312,19 +312,24 @@ def recorded_figure(bf: BenchFile) -> go.Figure:
     if any(c["flex"] is not None for c in cases.values()):  # only runs that measured it
         series.append(("FlexAttention (compiled, same block mask)", [c["flex"] for c in cases.values()],
                        COLORS[Impl.FLEX], "", None))
+    return _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 520,
+                            f"Forward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+
+
+def _bars_with_ideal(labels, series, ideal, height: int, title: str) -> go.Figure:
+    """Grouped bars per case (``series``: (name, ms per case, colour, bar pattern, hover text or None)) with the
+    ideal balanced time of each case as a tick, on a log time axis that stays within the data."""
     fig = go.Figure()
     for name, ys, color, pattern, hover in series:
         fig.add_trace(go.Bar(x=labels, y=ys, name=name, marker=dict(color=color, pattern_shape=pattern,
                                                                     pattern_fgcolor="white"),
                              hovertext=hover, hovertemplate="%{x}: %{y:.3f} ms %{hovertext}<extra></extra>"))
-    ideal = [c["ideal_ms"] for c in cases.values()]
     fig.add_trace(go.Scatter(x=labels, y=ideal, mode="markers", name="ideal (tile time x tiles; not a strict bound)",
                              marker=dict(symbol="line-ew", size=34, line=dict(width=3, color=COLORS[Impl.READ_CEILING])),
                              hovertemplate="%{x}: ideal %{y:.3f} ms<extra></extra>"))
     vals = [v for _, ys, *_ in series for v in ys if v] + [v for v in ideal if v]
-    fig.update_layout(barmode="group", height=520, title_font_size=14, legend=dict(orientation="h", y=-0.28),
-                      title=f"Forward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>",
-                      xaxis=dict(title="case (query and key length, heads)", tickangle=0),
+    fig.update_layout(barmode="group", height=height, title_font_size=14, legend=dict(orientation="h", y=-0.28),
+                      title=title, xaxis=dict(title="case (query and key length, heads)", tickangle=0),
                       yaxis=dict(type="log", title="time (ms)",
                                  range=[math.log10(min(vals)) - 0.1, math.log10(max(vals)) + 0.1]))
     return fig
@@ -386,22 +391,9 @@ def recorded_bwd_figure(bf: BenchFile) -> go.Figure:
     FlexAttention's backward (where it ran), beside the backward's ideal; ms on a log axis clipped to the data."""
     cases = recorded_bwd_cases(bf)
     labels = [f"{_SHORT.get(n, n)}<br>{c['N'] // 1024}k, H={c['H']}" for n, c in cases.items()]
-    series = [("plain dQ pass", [c["plain"] for c in cases.values()], COLORS[Impl.OURS], ""),
-              ('split dQ pass', [c["dq_split"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "")]
+    series = [("plain dQ pass", [c["plain"] for c in cases.values()], COLORS[Impl.OURS], "", None),
+              ('split dQ pass', [c["dq_split"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "", None)]
     if any(c["flex"] is not None for c in cases.values()):
-        series.append(("FlexAttention backward", [c["flex"] for c in cases.values()], COLORS[Impl.FLEX], ""))
-    fig = go.Figure()
-    for name, ys, color, pattern in series:
-        fig.add_trace(go.Bar(x=labels, y=ys, name=name, marker=dict(color=color, pattern_shape=pattern),
-                             hovertemplate="%{x}: %{y:.3f} ms<extra></extra>"))
-    ideal = [c["ideal_ms"] for c in cases.values()]
-    fig.add_trace(go.Scatter(x=labels, y=ideal, mode="markers", name="ideal (tile time x tiles; not a strict bound)",
-                             marker=dict(symbol="line-ew", size=34, line=dict(width=3, color=COLORS[Impl.READ_CEILING])),
-                             hovertemplate="%{x}: ideal %{y:.3f} ms<extra></extra>"))
-    vals = [v for _, ys, *_ in series for v in ys if v] + [v for v in ideal if v]
-    fig.update_layout(barmode="group", height=480, title_font_size=14, legend=dict(orientation="h", y=-0.28),
-                      title=f"Backward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>",
-                      xaxis=dict(title="case (query and key length, heads)", tickangle=0),
-                      yaxis=dict(type="log", title="time (ms)",
-                                 range=[math.log10(min(vals)) - 0.1, math.log10(max(vals)) + 0.1]))
-    return fig
+        series.append(("FlexAttention backward", [c["flex"] for c in cases.values()], COLORS[Impl.FLEX], "", None))
+    return _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 480,
+                            f"Backward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
