@@ -37,9 +37,9 @@ A launch of many waves whose rows are all well under an SM's share keeps its who
 :func:`report` is the load-balance lab: the per-program work (tiles) of the plain grid and of the split plan
 in dispatch order, their makespans over the SMs (:func:`makespan`), the balanced ideal and the tail share.
 
-:class:`GraphBuckets` serves sequences of many lengths with a few CUDA graphs: one static dynamic layout and
-one captured step per *bucket* length; a layout is padded into the smallest bucket that holds it
-(:meth:`BlockLayout.copy_into`) and that bucket's graph is replayed. :meth:`GraphBuckets.waste` says what the
+:class:`GraphBuckets` serves sequences of many lengths with a few CUDA graphs: one fixed-capacity layout
+(contents replaced each step, shape fixed) and one captured step per *bucket* length; a layout is padded into
+the smallest bucket that holds it (:meth:`~sparseattn.BlockLayout.copy_into`) and that bucket's graph is replayed. :meth:`GraphBuckets.waste` says what the
 padding and the fixed capacity cost (tokens, table slots and tasks allotted against those used).
 """
 from __future__ import annotations
@@ -388,7 +388,7 @@ def _waste(used: int, allotted: int) -> float:
 class GraphBuckets:
     """One captured CUDA graph per sequence-length bucket, for layouts that change at every step.
 
-    A captured graph replays fixed grids on fixed buffers. :meth:`BlockLayout.with_capacity` gives a table
+    A captured graph replays fixed grids on fixed buffers. :meth:`~sparseattn.BlockLayout.with_capacity` gives a table
     whose *contents* may change between replays (the kernels and :func:`plan` read only its live counts),
     but its *shape* (the sequence length, the widths) is frozen at capture. To serve every length up to the
     largest edge, this keeps one static layout, one set of static buffers and one captured ``step`` per edge
@@ -396,7 +396,7 @@ class GraphBuckets:
 
     1. its lists are padded to that edge's table: query tiles past ``L`` list nothing (their outputs are
        zero, as for any empty row), rows keep their tiles, the widths are padded with unread slots; then
-       copied in with :meth:`BlockLayout.copy_into` (device copies, no host sync);
+       copied in with :meth:`~sparseattn.BlockLayout.copy_into` (device copies, no host sync);
     2. the given inputs are copied into the first ``L`` positions of the bucket's buffers (sequence on
        dimension -2, as q/k/v ``[B, H, L, D]``) and the positions past ``L`` are zeroed;
     3. the bucket's graph is replayed (captured on its first use, after a warm-up call; on a CPU, or with
@@ -418,9 +418,13 @@ class GraphBuckets:
             sync.
         buffers: ``buffers(length) -> dict[str, Tensor]``, a bucket's static tensors (inputs and outputs),
             each with the sequence on dimension -2.
-        B, H, block_q, block_k: the layouts' batch and head dims and tiles.
-        width, full_width: each bucket's list widths: an int, ``f(length) -> int``, or None for the bucket's
-            number of key tiles (any row fits).
+        B: the layouts' batch dimension.
+        H: the layouts' head dimension.
+        block_q: the layouts' query tile (rows of a tile).
+        block_k: the layouts' key tile (columns of a tile).
+        width: each bucket's width of the partial-tile lists: an int, ``f(length) -> int``, or None for the
+            bucket's number of key tiles (any row fits).
+        full_width: the same for the full-tile lists.
         mask_mod: the mask_mod of the layouts' partial tiles (None: full tiles only).
         device: where the static tables live (default: CUDA when available).
         capture: capture CUDA graphs (default: when the device is CUDA).
@@ -489,7 +493,7 @@ class GraphBuckets:
         return get(self._width), get(self._full_width)
 
     def static(self, edge: int) -> BlockLayout:
-        """The bucket's static dynamic layout (made on first use)."""
+        """The bucket's fixed-capacity layout, whose lists each step overwrites (made on first use)."""
         if edge not in self.edges:
             raise ValueError(f"edge must be one of the buckets {self.edges}, got {edge!r}")
         if edge not in self._static:
