@@ -39,8 +39,9 @@ in dispatch order, their makespans over the SMs (:func:`makespan`), the balanced
 
 :class:`GraphBuckets` serves sequences of many lengths with a few CUDA graphs: one fixed-capacity layout
 (contents replaced each step, shape fixed) and one captured step per *bucket* length; a layout is padded into
-the smallest bucket that holds it (:meth:`~sparseattn.BlockLayout.copy_into`) and that bucket's graph is replayed. :meth:`GraphBuckets.waste` says what the
-padding and the fixed capacity cost (tokens, table slots and tasks allotted against those used).
+the smallest bucket that holds it (:meth:`~sparseattn.BlockLayout.copy_into`) and that bucket's graph is
+replayed. :meth:`GraphBuckets.waste` says what the padding and the fixed capacity cost (tokens, table slots
+and tasks allotted against those used).
 """
 from __future__ import annotations
 
