@@ -28,3 +28,21 @@ def test_the_timed_torch_path_equals_the_layout_transpose():
         assert torch.equal(got[valid], ref[valid])
     valid = torch.arange(slot.shape[-1]) < count[..., None]
     assert torch.equal(slot[valid], want.q_slot[valid])
+
+
+def test_transpose_timing_is_a_median_one_stalled_run_draws_no_spike():
+    from sparseattn.viz import ch04_index as V
+    durations = iter([1e-3, 1e-3, 0.08, 1e-3, 1e-3])  # one run stalled by another job on the machine
+    ticks, now = [], [0.0]
+
+    def clock():  # every second call closes a timed run of the next duration
+        if len(ticks) % 2:
+            now[0] += next(durations)
+        ticks.append(now[0])
+        return now[0]
+
+    calls = []
+    ms = V._median_ms(lambda: calls.append(1), 5, clock=clock)
+    assert abs(ms - 1.0) < 1e-9 and len(calls) == 6  # warm-up + 5 timed runs
+    with pytest.raises(ValueError, match="repeat"):
+        V._median_ms(lambda: None, 0)
