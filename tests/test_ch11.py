@@ -37,6 +37,8 @@ def test_error_growth_figure_and_summary():
     bf = synthetic()
     fig = V.error_growth_figure(bf, "bf16")
     assert len(fig.data) == 9  # 3 implementations x (max, p99, p50)
+    assert all(t.mode == "markers" for t in fig.data)  # few lengths, measured unlike: no line implies a trend
+    assert len({t.marker.color for t in fig.data}) == 3  # one colour per implementation
     assert [tuple(t.customdata) for t in fig.data[:1]] == [(1024, 4096, 131072)]  # drawn offset along N
     assert fig.layout.xaxis.type == "log" and "N" in fig.layout.xaxis.title.text
     lo, hi = fig.layout.xaxis.range
@@ -74,6 +76,15 @@ def test_two_baselines_separates_the_bug():
 def test_tables():
     html = V.edge_case_table()._repr_html_()
     assert html.count("<tr>") == len(V.EDGE_CASES) + 1
+    # every test file the table names exists, and a test_fixes.py row names the tests (test_N_*) it means
+    from pathlib import Path
+    import re
+    here = Path(__file__).parent
+    for *_, where in V.EDGE_CASES:
+        for name in re.findall(r"tests/(\w+\.py)", where):
+            assert (here / name).exists(), name
+        for n in re.findall(r"test_(\d+)_\*", where):
+            assert re.search(rf"^def test_{n}_", (here / "test_fixes.py").read_text(), re.M), n
     from sparseattn import _catalogue
     t = V.bad_input_table(_catalogue.table(_catalogue.catalogue()[:3]))
     assert len(t.rows) == 3 and "TypeError" in t.column("raises")

@@ -28,3 +28,40 @@ def test_the_timed_torch_path_equals_the_layout_transpose():
         assert torch.equal(got[valid], ref[valid])
     valid = torch.arange(slot.shape[-1]) < count[..., None]
     assert torch.equal(slot[valid], want.q_slot[valid])
+
+
+def test_transpose_timing_is_a_median_one_stalled_run_draws_no_spike():
+    from sparseattn.viz import ch04_index as V
+    durations = iter([1e-3, 1e-3, 0.08, 1e-3, 1e-3])  # one run stalled by another job on the machine
+    ticks, now = [], [0.0]
+
+    def clock():  # every second call closes a timed run of the next duration
+        if len(ticks) % 2:
+            now[0] += next(durations)
+        ticks.append(now[0])
+        return now[0]
+
+    calls = []
+    ms = V._median_ms(lambda: calls.append(1), 5, clock=clock)
+    assert abs(ms - 1.0) < 1e-9 and len(calls) == 6  # warm-up + 5 timed runs
+    with pytest.raises(ValueError, match="repeat"):
+        V._median_ms(lambda: None, 0)
+
+
+def test_unsorted_row_spares_the_sort_path_but_not_the_fused_kernel():
+    """Chapter 4, exercise 2's answer: a row listing its tiles out of order leaves the stable-sort transpose
+    unchanged (entries arrive row by row) but makes the fused kernel's binary search miss tiles."""
+    from sparseattn._tiles import transpose_lists
+    lay = BlockLayout.from_mask_mod(P.causal(), 256, 256, 64, 64, device="cpu")
+    fc, fi = lay.full_count.clone(), lay.full_index.clone()
+    n = int(fc[0, 0, 3])
+    assert n == 3
+    shuffled = fi.clone()
+    shuffled[0, 0, 3, :n] = shuffled[0, 0, 3, :n].flip(0)  # [2, 1, 0]
+    sort_ok = _transpose_one_torch(fc, fi, lay.nk, lay.nq)
+    sort_bad = _transpose_one_torch(fc, shuffled, lay.nk, lay.nq)
+    assert torch.equal(sort_ok[0], sort_bad[0]) and torch.equal(sort_ok[1], sort_bad[1])
+    args = (lay.kv_count, lay.kv_index)
+    fused_ok = transpose_lists(*args, fc, fi, lay.nk, lay.nq, lay.nq)[3]
+    fused_bad = transpose_lists(*args, fc, shuffled, lay.nk, lay.nq, lay.nq)[3]
+    assert torch.equal(fused_ok, sort_ok[0]) and fused_bad.sum() < fused_ok.sum()

@@ -67,7 +67,9 @@ def merge_error_figure(chunks: int = 8, n: int = 4096, trials: int = 30) -> go.F
               "fp64 merged": dict(mode="markers", marker=dict(symbol="x", size=7))}
     for name, ys in errs.items():
         fig.add_trace(go.Scatter(x=list(range(trials)), y=ys, name=name, **styles[name]))
-    fig.update_layout(title=f"{chunks} random pieces of a {n}-key row, merged in random order"
+    what = (f"a {n}-key row left whole: 1 piece, nothing to merge" if chunks == 1
+            else f"{chunks} random pieces of a {n}-key row, merged in random order")
+    fig.update_layout(title=f"{what}"
                             "<br><sup>error vs the fp64 one-pass softmax, in machine epsilons of each dtype; "
                             "computed on this machine's CPU</sup>",
                       xaxis_title="trial (random cut points and merge order)",
@@ -79,8 +81,11 @@ def duplicate_tile_states(duplicated: Optional[int] = 3, n: int = 512, tile: int
     """One fp64 row merged tile by tile, with tile ``duplicated`` merged a second time (None: no duplicate).
 
     Returns ``exact`` (the softmax weights), ``merged`` (the weight each key ends up with after the merges),
-    ``share_exact``/``share_merged`` (the duplicated tile's share of the weight, 0 without one) and
-    ``error`` (max |o_merged - o_exact|)."""
+    ``share_exact``/``share_merged`` (the duplicated tile's share of the weight, 0 without one),
+    ``error`` (max |o_merged - o_exact|) and ``gap`` (max |o_tile - o_exact|, how far the duplicated tile's
+    own output lies from the row's; 0 without one). Merging the tile twice moves the output by
+    p/(1+p) * (o_tile - o_exact), so ``error`` is ``share_exact / (1 + share_exact) * gap``: the error
+    depends on the tile's values as well as on its share."""
     s, v = _row(n, seed=7, dtype=torch.float64)
     p_true = torch.softmax(s, 0)
     tiles = [(a, min(a + tile, n)) for a in range(0, n, tile)]
@@ -88,17 +93,18 @@ def duplicate_tile_states(duplicated: Optional[int] = 3, n: int = 512, tile: int
     # the weight each key ends up with: exp(s) / (sum of exp over every *visited* tile, duplicates included)
     z = sum(float(torch.exp(s[a:b]).sum()) for a, b in (tiles[i] for i in order))
     w = torch.exp(s) / z
-    share_exact = share_merged = 0.0
+    share_exact = share_merged = gap = 0.0
     if duplicated is not None:
         a, b = tiles[duplicated]
         w[a:b] *= 2
         share_exact, share_merged = float(p_true[a:b].sum()), float(w[a:b].sum())
+        gap = float((_state(s[a:b], v[a:b])[0] - p_true @ v).abs().max())
     states = [_state(s[a:b], v[a:b]) for a, b in (tiles[i] for i in order)]
     o_dup, lse = states[0]
     for st in states[1:]:
         o_dup, lse = merge_states(o_dup, lse, *st)
     return dict(exact=p_true, merged=w, share_exact=share_exact, share_merged=share_merged,
-                error=float((o_dup - p_true @ v).abs().max()))
+                error=float((o_dup - p_true @ v).abs().max()), gap=gap)
 
 
 def duplicate_tile_figure(duplicated: Optional[int] = 3, n: int = 512, tile: int = 64) -> go.Figure:

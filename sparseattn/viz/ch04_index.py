@@ -2,6 +2,8 @@
 the tables cost in bytes against the K/V they index, and the on-device transpose."""
 from __future__ import annotations
 
+import functools
+
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
@@ -87,32 +89,45 @@ def _transpose_once(lay: BlockLayout, device: str) -> None:
     _transpose_one_torch(lay.full_count, lay.full_index, lay.nk, lay.nq)
 
 
-def transpose_cost_figure(Ns=(2048, 4096, 8192, 16384, 32768), block: int = 64, repeat: int = 5) -> go.Figure:
+def _median_ms(run, repeat: int, sync=None, clock=None) -> float:
+    """Median wall time of ``run()`` over ``repeat`` timed calls after one untimed warm-up, in ms. The median,
+    not the mean or a single run: a build machine shared with other jobs stalls now and then, and one
+    stalled call must not draw a spike. ``sync`` (e.g. ``torch.cuda.synchronize``) brackets every call;
+    ``clock`` defaults to ``time.perf_counter`` (a test passes a fake one)."""
+    import statistics
+    import time
+    if not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat must be a positive int, got {repeat!r}")
+    clock = clock or time.perf_counter
+    sync = sync or (lambda: None)
+    run()  # warm-up: first-call allocations and caches are not what the figure is about
+    times = []
+    for _ in range(repeat):
+        sync()
+        t0 = clock()
+        run()
+        sync()
+        times.append(clock() - t0)
+    return statistics.median(times) * 1e3
+
+
+def transpose_cost_figure(Ns=(2048, 4096, 8192, 16384, 32768), block: int = 64, repeat: int = 21) -> go.Figure:
     """Time of a transpose of both lists against the number of listed tiles, measured live on this machine:
     the fused kernel on a GPU, the torch stable-sort path on a CPU (:func:`transpose_path` says which; the
-    title says it too)."""
-    import time
+    title says it too). Each point is the median of ``repeat`` runs (:func:`_median_ms`)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if dev == "cuda" else None
     fig = go.Figure()
     for name, mm in (("window 1024", P.sliding_window(1024)), ("causal", P.causal())):
         xs, ys = [], []
         for N in Ns:
             lay = BlockLayout.from_mask_mod(mm, N, N, block, block, device=dev)
-            best = float("inf")
-            for _ in range(repeat):
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                _transpose_once(lay, dev)
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                best = min(best, time.perf_counter() - t0)
             xs.append(int(lay.kv_count.sum() + lay.full_count.sum()))
-            ys.append(best * 1e3)
+            ys.append(_median_ms(functools.partial(_transpose_once, lay, dev), repeat, sync))
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name))
     where = torch.cuda.get_device_name(0) if dev == "cuda" else "this machine's CPU"
     fig.update_layout(title=f"Transpose time against listed tiles: the {transpose_path(dev)}<br><sup>tiles "
-                            f"{block}x{block}, best of {repeat}, measured live on {where} when the page was "
+                            f"{block}x{block}, median of {repeat} runs, measured live on {where} when the page was "
                             "built</sup>",
                       xaxis_title="listed tiles (nnz)", yaxis_title="transpose time (ms)", xaxis_type="log",
                       yaxis_type="log", height=400, title_font_size=14)
