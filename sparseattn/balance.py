@@ -4,7 +4,7 @@ One program per query tile walks that tile's whole row, so with skewed rows (doc
 lengths, a sink column every row visits, routing rows that select many blocks) the launch ends with a few
 long programs while most SMs idle: the *tail*. Splitting a row into chunks of at most ``chunk`` listed tiles
 gives more, shorter *tasks*; each task writes a partial ``(o, lse)`` and a merge combines the partials of a
-row in a fixed order (the law of :func:`sparseattn.reference.merge_states`). Rows no longer than the chunk
+row in a fixed order (the law of :func:`sparseattn.merge_states`). Rows no longer than the chunk
 stay one task and write O directly.
 
 :func:`plan` builds the task list **on the device without a host sync**: its capacity (tasks, workspace
