@@ -236,3 +236,25 @@ def test_rule_labels_on_log_axes_sit_at_their_line():
     tidy_log(fig)
     ridge, lin = fig.layout.annotations
     assert ridge.x == pytest.approx(math.log10(160.87)) and lin.y == 1.5
+
+
+def test_explorer_moves_its_sliders_down_by_space_below():
+    """Chapter 8's top-k slider sat on the x-axis title of two-line tick labels; space_below makes room."""
+    plain = book.static_explorer(lambda block: _fig("a", block), {"block": [16, 32]})
+    roomy = book.static_explorer(lambda block: _fig("a", block), {"block": [16, 32]}, space_below=40)
+    assert roomy.layout.sliders[0].pad.t == plain.layout.sliders[0].pad.t + 40
+    assert roomy.layout.height == plain.layout.height + 40
+    assert roomy.layout.margin.b == plain.layout.margin.b + 40
+    with pytest.raises(ValueError, match="space_below"):
+        book.static_explorer(lambda block: _fig("a", block), {"block": [16, 32]}, space_below=-1)
+
+
+def test_routing_split_panel_says_its_top_k_is_fixed():
+    """The right panel was measured at the main top-k only; its title must say so while the slider moves."""
+    from sparseattn.viz import ch08_routing
+    doc = book.load_bench("routing")
+    m = ch08_routing.main_case(doc)
+    other = [k for k in ch08_routing.split_at_topk(doc)[1] if k != m["topk"]][0]
+    titles = [a.text for a in ch08_routing.split_figure(doc, other).layout.annotations]
+    assert f"forward step, top-{other}" in titles
+    assert any(f"fixed at top-{m['topk']}" in t for t in titles)
