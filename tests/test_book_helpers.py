@@ -212,3 +212,49 @@ def test_log_axes_get_full_tick_labels_and_dots_instead_of_bars():
     assert fig.data[0].type == "scatter" and list(fig.data[0].y) == [0.3, 12.0]  # same values, as dots
     assert "5" in fig.layout.yaxis.ticktext and "10" in fig.layout.yaxis.ticktext
     assert list(fig.layout.xaxis2.tickvals) == [1, 2]  # explicit ticks are left alone
+
+
+def test_rule_labels_on_log_axes_sit_at_their_line():
+    """Plotly reads an add_hline/add_vline label's coordinate as log10 on a log axis: "132 SMs" at y=132 sat
+    at 10^132 and never showed (chapters 7 and 9)."""
+    import plotly.graph_objects as go
+    from sparseattn.viz import ch07_decode, ch09_roofline
+    from sparseattn.viz._axes import tidy_log
+    fig = ch07_decode.splits_figure(sms=132)
+    (ann,) = [a for a in fig.layout.annotations if a.text == "132 SMs"]
+    lo, hi = fig.layout.yaxis.range
+    assert ann.y == pytest.approx(math.log10(132)) and lo < ann.y < hi
+    fig = ch09_roofline.roofline_figure(ch09_roofline.intensity_points())
+    (ridge,) = [a for a in fig.layout.annotations if a.text.startswith("ridge")]
+    (rule,) = [s for s in fig.layout.shapes if s.x0 == s.x1]
+    lo, hi = fig.layout.xaxis.range
+    assert ridge.x == pytest.approx(math.log10(rule.x0)) and lo < ridge.x < hi
+    fig = go.Figure(go.Scatter(x=[1, 1000], y=[1, 2]))
+    fig.add_vline(x=160.87, annotation_text="ridge")
+    fig.add_hline(y=1.5, annotation_text="linear axis stays")
+    fig.update_layout(xaxis_type="log")
+    tidy_log(fig)
+    ridge, lin = fig.layout.annotations
+    assert ridge.x == pytest.approx(math.log10(160.87)) and lin.y == 1.5
+
+
+def test_explorer_moves_its_sliders_down_by_space_below():
+    """Chapter 8's top-k slider sat on the x-axis title of two-line tick labels; space_below makes room."""
+    plain = book.static_explorer(lambda block: _fig("a", block), {"block": [16, 32]})
+    roomy = book.static_explorer(lambda block: _fig("a", block), {"block": [16, 32]}, space_below=40)
+    assert roomy.layout.sliders[0].pad.t == plain.layout.sliders[0].pad.t + 40
+    assert roomy.layout.height == plain.layout.height + 40
+    assert roomy.layout.margin.b == plain.layout.margin.b + 40
+    with pytest.raises(ValueError, match="space_below"):
+        book.static_explorer(lambda block: _fig("a", block), {"block": [16, 32]}, space_below=-1)
+
+
+def test_routing_split_panel_says_its_top_k_is_fixed():
+    """The right panel was measured at the main top-k only; its title must say so while the slider moves."""
+    from sparseattn.viz import ch08_routing
+    doc = book.load_bench("routing")
+    m = ch08_routing.main_case(doc)
+    other = [k for k in ch08_routing.split_at_topk(doc)[1] if k != m["topk"]][0]
+    titles = [a.text for a in ch08_routing.split_figure(doc, other).layout.annotations]
+    assert f"forward step, top-{other}" in titles
+    assert any(f"fixed at top-{m['topk']}" in t for t in titles)

@@ -287,6 +287,10 @@ def test_cost_terms_add_up_and_name_the_bound():
     assert routed.predicted_ms == pytest.approx(c.predicted_ms + 0.5 + routed.index_build_ms)
     decode = R.cost(None, {"B": 8, "Hq": 32, "Hkv": 8, "D": 128, "seq_len": 131072}, "decode", keep=0.5, graph=True)
     assert decode.bound == "memory" and decode.t_compute_ms == 0
+    # terms that do not apply print as such, not as "0 TFLOP/s -> 0 ms"
+    assert "compute term not priced" in str(decode) and "T_route not priced" in str(decode)
+    assert "0 TFLOP/s" not in str(decode) and "not priced" not in str(c).split("T_launch")[0]
+    assert "T_route 0.5 ms" in str(routed)
     tiny = R.cost(None, {"B": 1, "Hq": 32, "Hkv": 8, "D": 128, "seq_len": 4096}, "decode", keep=0.05, graph=True)
     assert tiny.bound == "overhead"
     assert R.cost(layout, s, "bwd").flops == pytest.approx(c.flops * 3.5)

@@ -47,16 +47,20 @@ def _layout_updates(figs) -> List[dict]:
     return out
 
 
-def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "", start: Optional[dict] = None):
+def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "", start: Optional[dict] = None,
+                    space_below: int = 0):
     """One figure over every combination of ``grid`` (``name -> list of values``), one control per parameter
     with more than one value (numbers: a slider; anything else: a dropdown). The first value of each
     parameter is shown first, or the value ``start`` gives for it. ``title`` is used where a combination's
-    figure has none.
+    figure has none. ``space_below`` (px) moves the sliders that much further under the plot, for a figure
+    whose tick labels and axis title under the plot are taller than one line each.
 
     Raises ValueError for an empty grid, a parameter without values, or a ``start`` value not in the grid."""
     import plotly.graph_objects as go
     if not grid:
         raise ValueError("grid must name at least one parameter with its values")
+    if isinstance(space_below, bool) or not isinstance(space_below, int) or space_below < 0:
+        raise ValueError(f"space_below must be a whole number of pixels >= 0, got {space_below!r}")
     for name, values in grid.items():
         if not isinstance(values, (list, tuple)) or len(values) == 0:
             raise ValueError(f"grid[{name!r}] must be a non-empty list of values, got {values!r}")
@@ -129,6 +133,10 @@ def static_explorer(make_figure: Callable, grid: Dict[str, list], title: str = "
         out.update_layout(title=dict(yref="container", y=1 - 24 / ((out.layout.height or 450) + _DROPDOWN_ROW),
                                      yanchor="top"))
     extra_bottom = _SLIDER_ROW * len(sliders)
+    if sliders and space_below:
+        for sl in sliders:
+            sl["pad"] = {**sl["pad"], "t": sl["pad"]["t"] + space_below}
+        extra_bottom += space_below
     height = (out.layout.height or 450) + extra_top + extra_bottom
     plot_h = height - (top + extra_top) - (bottom + extra_bottom)
     legend = out.layout.legend

@@ -139,17 +139,21 @@ class Cost:
                 "W_eff_tbps": self.W_eff_tbps, "t_host_ms": self.t_host_ms, "kernels": self.kernels}
 
     def __str__(self) -> str:
+        # a term the model does not price for this call (decode's schedule is a latency term, not compute;
+        # no route, no index build) reads "not priced", not "0 TFLOP/s -> 0 ms"
+        compute = (f"at P_eff {self.P_eff_tflops:.4g} TFLOP/s -> {self.t_compute_ms:.4g} ms" if self.t_compute_ms
+                   else "(compute term not priced)")
         lines = [f"{self.impl} {self.pass_}: predicted {self.predicted_ms:.4g} ms ({self.bound}-bound)",
-                 f"  F_tile {self.flops / 1e12:.4g} TFLOP at P_eff {self.P_eff_tflops:.4g} TFLOP/s -> "
-                 f"{self.t_compute_ms:.4g} ms",
+                 f"  F_tile {self.flops / 1e12:.4g} TFLOP {compute}",
                  f"  D_HBM {self.D_hbm / 1e9:.4g} GB at W_eff {self.W_eff_tbps:.3g} TB/s -> {self.t_memory_ms:.4g} ms"
                  f" (requested {sum(self.bytes_requested.values()) / 1e9:.4g} GB)"]
         if self.t_latency_ms:
             lines.append(f"  latency-bound schedule {self.t_latency_ms:.4g} ms")
         if self.t_host_ms:
             lines.append(f"  T_host {self.t_host_ms:.4g} ms per eager call (the call takes max(device, host))")
+        priced = lambda t: f"{t:.4g} ms" if t else "not priced"  # noqa: E731
         lines.append(f"  T_launch {self.t_launch_ms:.4g} ms ({self.launches} launches), T_index "
-                     f"{self.t_index_ms:.4g} ms, T_route {self.t_route_ms:.4g} ms")
+                     f"{priced(self.t_index_ms)}, T_route {priced(self.t_route_ms)}")
         return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ from typing import List, Tuple
 
 import plotly.graph_objects as go
 
-__all__ = ["log_ticks", "full_log_ticks", "dots_not_bars", "tidy_log"]
+__all__ = ["log_ticks", "full_log_ticks", "dots_not_bars", "log_rule_labels", "tidy_log"]
 
 _STEPS = ((1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9))
 
@@ -95,6 +95,29 @@ def dots_not_bars(fig: go.Figure) -> go.Figure:
     return fig
 
 
+def log_rule_labels(fig: go.Figure) -> go.Figure:
+    """Move the labels of ``add_hline`` / ``add_vline`` / ``add_vrect`` onto log axes. Plotly draws the shape
+    in data units but places its ``annotation_text`` at the same number read as log10 units, so a label at
+    y=132 lands at 10^132, off the plot. A label on a log data axis whose coordinate equals one of a shape's
+    ends on that axis is moved to log10 of it. Returns ``fig``."""
+    lay = fig.layout
+    for ann in lay.annotations or ():
+        for letter in ("x", "y"):
+            ref = getattr(ann, f"{letter}ref") or letter
+            if "domain" in ref or ref == "paper":
+                continue
+            ax = lay[f"{letter}axis{ref[1:]}"]
+            v = getattr(ann, letter)
+            if ax.type != "log" or not isinstance(v, (int, float)) or v <= 0:
+                continue
+            ends = {getattr(sh, f"{letter}{i}") for sh in lay.shapes or ()
+                    if (getattr(sh, f"{letter}ref") or letter) == ref for i in (0, 1)}
+            if v in ends:
+                ann[letter] = math.log10(v)
+    return fig
+
+
 def tidy_log(fig: go.Figure) -> go.Figure:
-    """:func:`dots_not_bars` then :func:`full_log_ticks`: what every figure with a log axis gets last."""
-    return full_log_ticks(dots_not_bars(fig))
+    """:func:`dots_not_bars`, :func:`full_log_ticks` and :func:`log_rule_labels`: what every figure with a log
+    axis gets last."""
+    return log_rule_labels(full_log_ticks(dots_not_bars(fig)))
