@@ -258,3 +258,14 @@ def test_routing_split_panel_says_its_top_k_is_fixed():
     titles = [a.text for a in ch08_routing.split_figure(doc, other).layout.annotations]
     assert f"forward step, top-{other}" in titles
     assert any(f"fixed at top-{m['topk']}" in t for t in titles)
+
+
+def test_load_check_reads_a_kept_record_and_refuses_paths():
+    """``book.load_check`` reads a record under book/data/bench/checks by file name (chapter 6 reads the
+    backward's per-pass sweep from there); a path or a non-JSON name is a ValueError naming the rule."""
+    from sparseattn import book
+    sweep = book.load_check("backward-pass-sweep-h200.json")
+    assert sweep.records and {r.pass_ for r in sweep.records} >= {"bwd"}
+    for bad in ("../prefill-h200.json", "checks/x.json", "notes.txt"):
+        with pytest.raises(ValueError, match="name must be a file name ending in .json"):
+            book.load_check(bad)

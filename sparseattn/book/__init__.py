@@ -30,11 +30,11 @@ import torch
 
 import sparseattn
 
-from ..bench.record import DEFAULT_DIR, BenchFile, bench_filename, load
+from ..bench.record import DEFAULT_DIR, BenchFile, bench_filename, load, load_path
 from ._explorer import static_explorer
 from ._source import Source, source
 
-__all__ = ["setup", "Env", "load_bench", "caption", "interact", "WIDGETS", "widget_settings", "press_widgets",
+__all__ = ["setup", "Env", "load_bench", "load_check", "caption", "interact", "WIDGETS", "widget_settings", "press_widgets",
            "static_explorer", "source", "Source", "claim", "is_static_build", "REPOSITORY", "BRANCH"]
 
 # Must equal `repository.url` in _config.yml (tests/test_book.py checks it): Colab installs from here.
@@ -114,6 +114,19 @@ def load_bench(suite: str, gpu: str = "h200", *, sweep: bool = False) -> BenchFi
     name = bench_filename(suite, gpu, "sweep" if sweep else None)
     if (BENCH_DIR / name).exists():
         return load(suite, gpu, sweep=sweep, directory=BENCH_DIR)
+    return _fetch(name)
+
+
+def load_check(name: str) -> BenchFile:
+    """A record kept under ``book/data/bench/checks/`` (an A/B run, a sweep of one pass, a superseded run), by
+    file name, from the checkout or, as :func:`load_bench`, from the repository."""
+    if "/" in name or not name.endswith(".json"):
+        raise ValueError(f"name must be a file name ending in .json (no directory), got {name!r}")
+    path = BENCH_DIR / "checks" / name
+    return load_path(path) if path.exists() else _fetch(f"checks/{name}")
+
+
+def _fetch(name: str) -> BenchFile:
     url = f"{REPOSITORY.replace('github.com', 'raw.githubusercontent.com')}/{BRANCH}/book/data/bench/{name}"
     with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 (fixed https URL)
         return BenchFile.from_json(json.loads(r.read().decode()))
