@@ -83,6 +83,11 @@ def open_page(browser, page_path: pathlib.Path):
     page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
     page.on("console", lambda m: errors.append(f"console.error: {m.text}") if m.type == "error" else None)
     page.goto(page_path.as_uri(), wait_until="load")
+    if 'http-equiv="refresh"' in page_path.read_text(errors="replace").lower():
+        # a redirect page (the book's index.html): check the page it lands on, once it has loaded -- a
+        # screenshot taken mid-navigation fails ("Unable to capture screenshot")
+        page.wait_for_url(lambda url: url != page_path.as_uri(), timeout=15_000)
+        page.wait_for_load_state("load")
     return context, page, blocked, errors
 
 
