@@ -218,6 +218,24 @@ def row_order(layout: BlockLayout, block_m: int) -> torch.Tensor:
 
 
 # ---- launching -----------------------------------------------------------------------------------------------
+def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
+    """Whether a config's ``tma`` (None: where the GPU has it; True; False) lets a pass load through tensor
+    descriptors here: on a GPU of compute capability 9 or more unless ``tma`` is False; in the interpreter
+    when ``in_interpreter`` (the pass's default there) or ``tma`` is True. Each call still checks its tensors
+    with :func:`tma_ok`."""
+    if _runtime.is_interpreter():
+        return tma is True or (tma is None and in_interpreter)
+    return tma is not False and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def tensor_descriptors(head_dim: int, **tiles) -> dict:
+    """``desc_<name>`` for each ``name=(tensor, rows)``: a tensor descriptor of the ``[B, H, L, head_dim]``
+    tensor loading ``rows`` rows of one head at a time (the forward and both backward passes build theirs here)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return {f"desc_{name}": TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim])
+            for name, (t, rows) in tiles.items()}
+
+
 def tma_ok(*tensors) -> bool:
     """Tensor descriptors need 16-byte aligned bases and strides (and a unit last stride)."""
     for t in tensors:

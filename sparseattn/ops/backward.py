@@ -157,10 +157,7 @@ def _descriptors(q, k, v, do, block_m: int, block_n: int, tma: bool) -> dict:
     kernel tiles), or all None (the kernels' pointer path)."""
     if not tma:
         return dict(desc_q=None, desc_k=None, desc_v=None, desc_do=None)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    D = q.shape[-1]
-    return {f"desc_{name}": TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D])
-            for name, t, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("do", do, block_m))}
+    return L.tensor_descriptors(q.shape[-1], q=(q, block_m), k=(k, block_n), v=(v, block_n), do=(do, block_m))
 
 
 def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float, deterministic: bool,
@@ -196,10 +193,7 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
         FULL_COUNT=layout.full_count, FULL_INDEX=layout.full_index, FW=layout.full_width, **common,
         BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, num_warps=cfg.dq_warps)
     delta_m = 64
-    if _runtime.is_interpreter():
-        tma = cfg.tma is True
-    else:
-        tma = cfg.tma is not False and torch.cuda.get_device_capability(q.device)[0] >= 9
+    tma = L.tma_allowed(cfg.tma, q.device, in_interpreter=False)  # the interpreter keeps pointers unless asked
     return dict(plan=plan, tma=tma, dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
                 reduce=reduce, reduce_grid=(plan.reduce.shape[0], B * Hkv, D // block_d),
                 delta=L.Static(**{f"stride_o{n}": o.stride(i) for i, n in enumerate("bhm")},

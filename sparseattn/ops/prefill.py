@@ -44,18 +44,15 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
     static = _static_kwargs(q, k, v, o, layout, scale, cfg) if layout.dynamic else \
         layout.plan(key, lambda: _static_kwargs(q, k, v, o, layout, scale, cfg))
     split = S.prepare(layout, cfg.block_m, cfg.split, B, Hq, D, q.device) if cfg.split is not None else None
-    desc_q = desc_k = desc_v = None
-    if static["tma"] and L.tma_ok(q, k, v):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        desc_q = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, cfg.block_m, D])
-        desc_k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.block_n, D])
-        desc_v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.block_n, D])
+    tma = static["tma"] and L.tma_ok(q, k, v)
+    descs = L.tensor_descriptors(D, q=(q, cfg.block_m), k=(k, cfg.block_n), v=(v, cfg.block_n)) if tma else \
+        dict(desc_q=None, desc_k=None, desc_v=None)
     persistent = split is not None and cfg.persistent
     L.launch(
         prefill_fwd.sparse_fwd_kernel,
         S.grid(split, persistent, L.num_sms(q.device)) if split is not None else static["grid"],
         **L.kept(static["kwargs"], layout),
-        Q=q, K=k, V=v, O=o, LSE=lse, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v,
+        Q=q, K=k, V=v, O=o, LSE=lse, **descs,
         **(S.kernel_kwargs(split, persistent) if split is not None else {}), num_stages=cfg.num_stages,
     )
     if split is not None:
@@ -82,6 +79,5 @@ def _static_kwargs(q, k, v, o, layout: BlockLayout, scale: float, cfg: FwdConfig
         **(S.PLAIN if cfg.split is None else {}),
         WARP_SPEC=cfg.warp_specialize and not persistent and not _runtime.is_interpreter(),
         num_warps=cfg.num_warps)
-    tma = cfg.tma is not False and (_runtime.is_interpreter() or
-                                    torch.cuda.get_device_capability(q.device)[0] >= 9)
-    return dict(kwargs=kwargs, grid=(order.numel(), B * Hq), tma=tma)
+    return dict(kwargs=kwargs, grid=(order.numel(), B * Hq),
+                tma=L.tma_allowed(cfg.tma, q.device, in_interpreter=True))
