@@ -74,3 +74,22 @@ def patch_interpreter_scalars() -> None:
 
     patched._sparseattn_scalars = True
     interpreter._patch_lang_tensor = patched
+
+
+def graph_step(fn, stream=None, warmup: int = 2):
+    """Capture ``fn`` (fixed shapes, no host sync) in a CUDA graph after ``warmup`` calls on a side stream
+    (``stream``, or a new one: compiles kernels, fills caches); return the graph (``graph.replay()`` reruns
+    it). The capture runs on that same stream, so a caller can run a backward's kept forward there too:
+    autograd runs a node's backward on the stream its forward used, and a wait on a stream outside the capture
+    invalidates it. The benches and :class:`sparseattn.balance.GraphBuckets` capture through here."""
+    graph = torch.cuda.CUDAGraph()
+    stream = stream if stream is not None else torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph

@@ -54,6 +54,7 @@ from typing import Callable, Dict, NamedTuple, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from . import _runtime
 from .layout import BlockLayout
 
 __all__ = ["Plan", "plan", "capacity", "auto_chunk", "makespan", "BalanceReport", "report", "program_tiles",
@@ -592,7 +593,7 @@ class GraphBuckets:
             self.step(layout, **bufs)
             return
         if edge not in self._graphs:
-            self._graphs[edge] = _capture(lambda: self.step(layout, **bufs))
+            self._graphs[edge] = _runtime.graph_step(lambda: self.step(layout, **bufs), warmup=1)
         self._graphs[edge].replay()
 
     def run(self, layout: BlockLayout, **inputs) -> dict:
@@ -627,18 +628,3 @@ class GraphBuckets:
         return BucketWaste(length=layout.q_len, bucket=edge, tokens_waste=_waste(layout.q_len, edge),
                            rows_used=used_rows, rows_allotted=padded.nq, rows_waste=_waste(used_rows, padded.nq),
                            slots_used=listed, slots_allotted=slots, slots_waste=_waste(listed, slots), **tasks)
-
-
-def _capture(fn: Callable):
-    """``fn`` in a CUDA graph: one warm-up call on a side stream (compiles kernels, fills caches), then the
-    capture on the same stream. Returns the graph."""
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    return graph

@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from .._runtime import graph_step  # noqa: F401 (one home, below the layers that capture)
+
 __all__ = ["time_gpu", "time_host", "synchronize", "graph_step", "compiled_flex", "flex_fn", "sdpa_backend",
            "sdpa_fn"]
 
@@ -49,23 +51,6 @@ def time_host(fn: Callable, repeat: int = 15, warmup: int = 3, device="cuda") ->
         synchronize(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
-
-
-def graph_step(fn: Callable, stream=None):
-    """Capture ``fn`` (fixed shapes, no host sync) in a CUDA graph after two warm-up calls on a side
-    stream (``stream``, or a new one); return the graph (``graph.replay()`` reruns it). The capture runs on
-    that same stream, so a caller can run a backward's kept forward there too: autograd runs a node's
-    backward on the stream its forward used, and a wait on a stream outside the capture invalidates it."""
-    graph = torch.cuda.CUDAGraph()
-    stream = stream if stream is not None else torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    return graph
 
 
 _FLEX = {}
