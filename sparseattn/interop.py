@@ -124,6 +124,11 @@ def to_flex(layout, num_heads: Optional[int] = None):
         mask_mod = None
     if layout.row_slot is not None:
         mask_mod = _with_member_bits(layout, mask_mod, group)
+    if mask_mod is not None:
+        # one eager call on the layout's device before Flex traces it: a mask_mod that keeps per-device copies
+        # of its captured tensors (``patterns.document``) makes them now, outside the compiled graph
+        z = torch.zeros((), dtype=torch.int32, device=layout.device)
+        mask_mod(z, z, z, z)
     return BlockMask.from_kv_blocks(kv_count, widen(kv_index), full_count, widen(full_index),
                                     BLOCK_SIZE=(layout.block_q, layout.block_k), mask_mod=mask_mod,
                                     seq_lengths=(layout.q_len, layout.kv_len))

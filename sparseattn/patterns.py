@@ -332,10 +332,17 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
     ids2d = doc_ids.view(1, -1) if doc_ids.dim() == 1 else doc_ids
     batched = doc_ids.dim() == 2
 
+    # the ids on the device of the last call, copied on first use there: a copy made inside a traced mask_mod
+    # (compiled FlexAttention) would be a new buffer in the mask's pointwise graph, which Inductor refuses to lower
+    held = [ids2d]
+
     def mask_mod(b, h, q_idx, kv_idx):
-        ids = ids2d.to(q_idx.device) if ids2d.device != q_idx.device else ids2d
-        bb = b if batched else torch.zeros_like(b)
-        return ids[bb, q_idx] == ids[bb, kv_idx]
+        ids = held[0]
+        if ids.device != q_idx.device:
+            ids = held[0] = ids2d.to(q_idx.device)
+        if batched:
+            return ids[b, q_idx] == ids[b, kv_idx]
+        return ids[0][q_idx] == ids[0][kv_idx]
 
     def rule(tiles):
         ids = ids2d.to(tiles.device).long()

@@ -86,7 +86,7 @@ def routed_block_mask(N: int, H: int, seed: int = 0, alpha: float = 1.1, base: i
 def case_layout(name: str, N: int, H: int, device="cpu") -> BlockLayout:
     """The layout of case ``name`` at length ``N`` (``H``: heads of the routed case's per-head selection)."""
     if name.startswith("documents lognormal"):
-        ids = torch.repeat_interleave(torch.arange(len(lens := doc_lengths(N))), lens)
+        ids = torch.repeat_interleave(torch.arange(len(lens := doc_lengths(N))), lens).to(device)
         return BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.document(ids)), N, N, BLOCK, BLOCK,
                                          device=device)
     if name == "causal&(sinks64|window1024)":

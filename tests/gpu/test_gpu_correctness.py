@@ -62,6 +62,26 @@ def test_compiled_flex_means_the_same_mask(name):
     assert _rel(ours, flex(q, k, v, block_mask=layout.to_flex())) < 2e-2
 
 
+def test_compiled_flex_takes_document_ids_made_on_the_cpu():
+    """Document ids built on the CPU (as most users build them), the layout on the GPU: compiled FlexAttention
+    on ``to_flex()`` used to fail to lower (the mask_mod copied the ids to the GPU inside the traced graph)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    torch.manual_seed(0)
+    N, H, D = 8192, 2, 64
+    lens = torch.tensor([3000, 17, 2048, 3127])
+    ids = torch.repeat_interleave(torch.arange(len(lens)), lens)  # on the CPU
+    layout = BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.document(ids)), N, N, 128, 128, device="cuda")
+    q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    flex = torch.compile(flex_attention, dynamic=False)
+    theirs = flex(q, k, v, block_mask=layout.to_flex())
+    ours = sa.sparse_attention(q, k, v, layout)
+    assert _rel(ours, theirs) < 2e-2
+    g = torch.randn_like(ours)
+    d_theirs = torch.autograd.grad(theirs, (q, k, v), g)
+    d_ours = torch.autograd.grad(ours, (q, k, v), g)
+    assert all(_rel(a, b) < 2e-2 for a, b in zip(d_ours, d_theirs))
+
+
 def test_document_ids_beyond_int32_real_tiles():
     N = 4096
     ids = (torch.arange(N, device="cuda") // 300) * (2**32)  # every id is 0 in its low 32 bits
