@@ -23,10 +23,13 @@ class ColumnWork(NamedTuple):
     chunk: int  # listed query tiles per chunk
 
 
-def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) -> ColumnWork:
+def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None, programs: int = 1) -> ColumnWork:
     """The dK/dV work plan, cached per layout. A column is cut into chunks of at most ``chunk`` listed query
     tiles so that a column every row visits (a sink) does not become the tail of the launch (``None``: twice
-    the mean column length, at least 8). Items are ordered longest first. Items of split columns get a
+    the mean column length, at least 8 -- and, when the launch is too small to fill the GPU, at most half of
+    one SM's fair share of the listed tiles, ``programs`` = batch x KV heads copies of every item: at one head
+    a causal column of 128 tiles would otherwise run alone for as long as the rest of the pass). Items are
+    ordered longest first. Items of split columns get a
     workspace slot; their partial dK/dV are summed in a fixed order afterwards (deterministic).
 
     A dynamic layout gets :func:`dynamic_column_work` instead, rebuilt at every call (``chunk`` is ignored)."""
@@ -42,6 +45,8 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) 
             nonempty = totals[totals > 0]
             mean = float(nonempty.float().mean()) if nonempty.numel() else 1.0
             size = max(8, int(2 * mean + 0.999))
+            share = float(totals.sum()) * (layout.block_k // block_n) * programs / L.num_sms(dev)
+            size = max(8, min(size, math.ceil(share / 2)))
         sub = layout.block_k // block_n
         n_sub = math.ceil(layout.kv_len / block_n)
         per_col = torch.clamp((totals + size - 1) // size, min=1)  # chunks per layout column
@@ -59,7 +64,7 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None) 
         split_subs = torch.nonzero(per_sub > 1).flatten()
         reduce = torch.stack([split_subs, ws_slot[starts[split_subs]], per_sub[split_subs]], 1)
         return ColumnWork(work, n_ws, reduce.to(torch.int32).contiguous(), size)
-    return layout.plan(("column_work", block_n, chunk), build)
+    return layout.plan(("column_work", block_n, chunk, programs), build)
 
 
 def dynamic_column_work(layout: BlockLayout, block_n: int) -> ColumnWork:
@@ -170,7 +175,7 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
     Hkv, Lk = k.shape[1], k.shape[2]
     heads = L.head_kwargs(layout, Hq, Hkv)
     t = layout.transposed_lists()
-    plan = column_work(layout, cfg.block_n, cfg.chunk)
+    plan = column_work(layout, cfg.block_n, cfg.chunk, B * Hkv)
     common = dict(**L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"),
                   **L.strides("do", do, "m"), **L.mask_kwargs(layout, B), Hq=Hq, group=heads["group"],
                   LB=layout.B, LH=layout.H, lh_div=heads["lh_div"], n_qtiles=layout.nq, W=layout.width,

@@ -416,7 +416,7 @@ def bwd_work(layout: BlockLayout, shape, config: BwdConfig, deterministic: bool 
     ops = [_delta_op(s, Lq)]
 
     # dK/dV: one program per (work item, batch x KV head); the item walks a chunk of its column per head
-    plan = column_work(layout, BN, config.chunk)
+    plan = column_work(layout, BN, config.chunk, s.B * s.Hkv)
     t = layout.transposed_lists()
     work = plan.work.cpu().long()  # [I, 3]: key sub-tile, chunk, workspace slot
     I = work.shape[0]
