@@ -7,6 +7,7 @@ never sets it by hand.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -74,6 +75,13 @@ def patch_interpreter_scalars() -> None:
 
     patched._sparseattn_scalars = True
     interpreter._patch_lang_tensor = patched
+
+
+@functools.lru_cache(maxsize=None)
+def side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """One side stream per CUDA device for work that may run next to the current stream (the backward's dQ
+    pass beside its dK/dV pass); callers fork to it with ``wait_stream`` and join back the same way."""
+    return torch.cuda.Stream(device=device)
 
 
 def graph_step(fn, stream=None, warmup: int = 2):

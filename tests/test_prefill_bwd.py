@@ -122,6 +122,15 @@ def test_tma_loads_both_passes(name, dtype, deterministic):
     check_grads(layout, q, k, v, deterministic=deterministic, bwd_config=cfg)
 
 
+@pytest.mark.parametrize("value", [1, None, "yes"])
+def test_bad_overlap_names_the_field(value):
+    layout = BlockLayout.from_mask_mod(P.causal(), 64, 64, 32, 32, device="cpu")
+    x = rand(1, 1, 64, 32)
+    cfg = BwdConfig(block_m=16, block_n=32, dq_block_m=32, dq_block_n=16, num_warps=4, num_stages=1, overlap=value)
+    with pytest.raises(ValueError, match="bwd_config: overlap must be True or False"):
+        sa.sparse_attention(x, x, x, layout, bwd_config=cfg)
+
+
 @pytest.mark.parametrize("field,value", [("num_warps", 3), ("num_stages", 0), ("dq_num_warps", 6),
                                          ("dq_num_warps", True), ("dq_num_stages", 0), ("dq_num_stages", 1.5),
                                          ("tma", "yes")])

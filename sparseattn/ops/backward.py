@@ -3,6 +3,7 @@ launches of the dK/dV and dQ kernels (the dQ pass, when ``BwdConfig.dq_split`` a
 :func:`sparseattn.balance.plan` and sums split rows' partials in a fixed order)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple, Optional
 
@@ -133,6 +134,12 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     dq_acc = None if deterministic else torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32)
     tensors = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta)
     tma = st["tma"] and L.tma_ok(q, k, v, do)  # each call checks its tensors' alignment
+    split = None if not deterministic or cfg.dq_split is None else dq_split_launch(
+        layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D, q.device)  # its plan is ready before the fork below
+    # the dQ pass needs only Δ (and the plan): forked here, before the dK/dV launch, onto a side stream
+    side = _runtime.side_stream(q.device) if deterministic and cfg.overlap and q.is_cuda else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(q.device))
     L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], **L.kept(st["dkdv"], layout), DK=dk, DV=dv,
              DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors, **_descriptors(q, k, v, do, cfg.block_m, cfg.block_n, tma),
              num_stages=cfg.num_stages)
@@ -141,19 +148,20 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
                  WS_K=ws_k, WS_V=ws_v, DK=dk, DV=dv, num_stages=1)
     if not deterministic:
         return (dq_acc * scale).to(q.dtype), dk, dv
-    split = None if cfg.dq_split is None else dq_split_launch(layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D,
-                                                               q.device)
     tasks = dict(TASKS=None, N_TASKS=None, WS_DQ=None, ws_cap=0) if split is None else dict(
         TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
     grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
-    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **L.kept(st["dq"], layout), **tasks, DQ=dq, **tensors,
-             **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma), num_stages=cfg.dq_stages)
-    if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
-        block_d = min(D, 64)
-        L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
-                 WS_DQ=split.ws, MERGE=split.plan.merge, N_MERGE=split.plan.n_merge, DQ=dq,
-                 **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
-                 HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
+    with (torch.cuda.stream(side) if side is not None else contextlib.nullcontext()):
+        L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **L.kept(st["dq"], layout), **tasks, DQ=dq, **tensors,
+                 **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma), num_stages=cfg.dq_stages)
+        if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
+            block_d = min(D, 64)
+            L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
+                     WS_DQ=split.ws, MERGE=split.plan.merge, N_MERGE=split.plan.n_merge, DQ=dq,
+                     **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
+                     HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
+    if side is not None:  # joined before anything reads dq or frees Δ and the workspaces
+        torch.cuda.current_stream(q.device).wait_stream(side)
     return dq, dk, dv
 
 

@@ -65,7 +65,12 @@ class BwdConfig:
     the dK/dV pass's values). The two passes hold different tiles resident, so their best launch configs differ
     (``python -m sparseattn.bench backward --sweep`` times each pass's configs separately). ``tma`` as
     ``FwdConfig.tma``: None loads tiles through tensor descriptors (TMA) in both passes on a GPU that has them
-    (Hopper and later) when the strides allow, False never, True also in the Triton interpreter (tests)."""
+    (Hopper and later) when the strides allow, False never, True also in the Triton interpreter (tests).
+
+    ``overlap`` (deterministic path, CUDA): the dQ pass runs on a side stream next to the dK/dV pass -- the
+    two are independent once Δ is formed, so dQ programs take the SMs that the dK/dV pass's last programs leave
+    idle (FlexAttention puts both kinds of program in one launch for the same reason). Outputs are the same bits
+    either way; False runs the passes back to back."""
     block_m: int
     block_n: int
     dq_block_m: int
@@ -77,6 +82,7 @@ class BwdConfig:
     dq_num_warps: Optional[int] = None
     dq_num_stages: Optional[int] = None
     tma: Optional[bool] = None
+    overlap: bool = True
 
     @property
     def dq_warps(self) -> int:
