@@ -6,8 +6,9 @@ summed in a fixed order) vs FlexAttention's backward on the same block mask, eac
 their difference is the dQ pass's.
 
 ``ideal_ms``: the backward's time per listed tile on the equal-rows layout of the same length (every program
-busy to the end) times the case's listed tiles. Each split row records the dQ plan (chunk, tasks, split
-rows) and its dQ against the plain pass's (``max_abs_dq_vs_plain``; dK/dV must be equal bit for bit).
+busy to the end; at least four programs per SM, :func:`~sparseattn.bench.balance.calibration_heads`) times
+the case's listed tiles. Each split row records the dQ plan (chunk, tasks, split rows) and its dQ against the
+plain pass's (``max_abs_dq_vs_plain``; dK/dV must be equal bit for bit).
 """
 from __future__ import annotations
 
@@ -44,7 +45,10 @@ def run(args) -> tuple:
     for name, H, N in case_shapes(args, NAME):
         q, k, v, do = (torch.randn(1, H, N, D, device=dev, dtype=dtype) for _ in range(4))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        def timed(eq, q=q, k=k, v=v, do=do):
+        def timed(eq, heads, q=q, k=k, v=v, do=do):
+            if heads != H:  # the calibration's own inputs (more heads than the case, see calibration_heads)
+                q, k, v, do = (torch.randn(1, heads, N, D, device=dev, dtype=dtype) for _ in range(4))
+                q, k, v = (t.requires_grad_() for t in (q, k, v))
             return C.grad_fn(lambda: sparse_attention(q, k, v, eq), (q, k, v), do)
         unit = tile_ms_on_equal_rows(timed, N, H, D, dev, Pass.BWD, tile_ms, records)
         _case(args, name, N, H, D, q, k, v, do, case_layout(name, N, H, dev), unit, sms, records, table)
