@@ -261,6 +261,8 @@ def test_table_and_timers_on_cpu(capsys):
     assert capsys.readouterr().out.splitlines() == [" a  b", " 1  x", "22   "]
     calls = []
     assert C.time_host(lambda: calls.append(1), repeat=3, warmup=1, device="cpu") >= 0 and len(calls) == 4
+    calls.clear()
+    assert C.time_loop(lambda: calls.append(1), max_calls=7, device="cpu") >= 0 and len(calls) == 3 + 1 + 7
     x = torch.arange(6, dtype=torch.bfloat16).view(2, 3)
     assert [float(s) for s in C.read_fn([x, x + 1])()] == [15.0, 21.0]
 
@@ -336,6 +338,7 @@ def cpu_stand_ins(monkeypatch):
     for mod in (C, timing):  # the suites call C.*; the helpers re-exported from roofline.timing call timing.*
         monkeypatch.setattr(mod, "time_gpu", fake_time)
         monkeypatch.setattr(mod, "time_host", lambda fn, *a, **k: fake_time(fn))
+        monkeypatch.setattr(mod, "time_loop", lambda fn, *a, **k: fake_time(fn))
         monkeypatch.setattr(mod, "graph_step", fake_graph)
         monkeypatch.setattr(mod, "compiled_flex", lambda: fake_flex)
         monkeypatch.setattr(mod, "sdpa_backend", lambda name: contextlib.nullcontext())

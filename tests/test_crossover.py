@@ -58,6 +58,9 @@ def test_suite_on_cpu_every_series_with_predictions(tiny):
                                                                                     Pass.ROUTE)
         assert (r.get("predicted_ms") is not None) == modelled, (r.impl, r.pass_)
         assert r.ms is not None
+    # our prefill rows also carry the back-to-back loop time (no L2 flush between calls)
+    assert all(r.get("loop_ms") is not None for r in bf.select(Impl.OURS, Pass.FWD) + bf.select(Impl.OURS, Pass.BWD)
+               if r.case.get("family") != "routing")
     # ... and it is the model's number for that row's layout and shape
     row = bf.one(Impl.OURS, Pass.BWD, family="sinks_window", N=384)
     lay, env, kept = family_layout("sinks_window", 384, sinks=64, window=1024)

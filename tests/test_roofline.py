@@ -397,7 +397,7 @@ def test_bench_and_roofline_share_one_home_for_cases_timers_and_slugs():
     for name in ("prefill_layout", "prefill_mask_mod", "dense_pattern_of", "layout_mask_mod", "decode_setup",
                  "PREFILL_PATTERNS", "LAYOUT_PATTERNS"):
         assert getattr(bench_cases, name) is getattr(cases, name), name
-    for name in ("time_gpu", "time_host", "graph_step", "compiled_flex", "flex_fn", "sdpa_fn", "sdpa_backend"):
+    for name in ("time_gpu", "time_host", "time_loop", "graph_step", "compiled_flex", "flex_fn", "sdpa_fn", "sdpa_backend"):
         assert getattr(BC, name) is getattr(timing, name) is getattr(bench, name, getattr(timing, name)), name
     assert BC.gpu_slug is device_slug
     for name in ("NVIDIA H200", "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA A100-SXM4-80GB"):

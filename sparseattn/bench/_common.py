@@ -25,7 +25,7 @@ import torch
 from ..roofline.ceilings import best_read, stream_read  # noqa: F401
 from ..roofline.ceilings import device_slug as gpu_slug  # noqa: F401
 from ..roofline.timing import (compiled_flex, flex_fn, graph_step, raise_recompile_limits,  # noqa: F401
-                               sdpa_backend, sdpa_fn, synchronize, time_gpu, time_host)
+                               sdpa_backend, sdpa_fn, synchronize, time_gpu, time_host, time_loop)
 from .record import DEFAULT_DIR, Record, bench_filename
 
 DEFAULT_OUT = str(DEFAULT_DIR)
