@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import sparseattn as sa
@@ -70,3 +71,19 @@ def test_cached_launch_replays_the_arguments_triton_would_bind(monkeypatch, tmp_
     res = subprocess.run([sys.executable, SCRIPT, str(path)], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
     assert res.stdout.count("ok    ") == len(calls), res.stdout
+
+
+@pytest.mark.parametrize("rows,head_dim", [(64, 128), (16, 32), (128, 64)])
+def test_trusted_tensor_descriptors_equal_tritons_validated_ones(rows, head_dim):
+    """``_launch.tensor_descriptors`` skips Triton's per-descriptor validation (its callers checked the
+    tensors with ``tma_ok``): every field equals what the validating constructor builds, and a block that is
+    not a power of two still goes through (and fails) Triton's checks."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from sparseattn.ops import _launch as L
+    t = torch.randn(2, 3, 40, head_dim).transpose(1, 2).contiguous().transpose(1, 2)  # non-trivial strides
+    assert L.tma_ok(t)
+    got = L.tensor_descriptors(head_dim, q=(t, rows))["desc_q"]
+    want = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim])
+    assert isinstance(got, TensorDescriptor) and got == want and got.base is t
+    with pytest.raises(ValueError, match="power of 2"):
+        L.tensor_descriptors(head_dim, q=(t, 48))

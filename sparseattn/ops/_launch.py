@@ -230,10 +230,28 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 
 def tensor_descriptors(head_dim: int, **tiles) -> dict:
     """``desc_<name>`` for each ``name=(tensor, rows)``: a tensor descriptor of the ``[B, H, L, head_dim]``
-    tensor loading ``rows`` rows of one head at a time (the forward and both backward passes build theirs here)."""
+    tensor loading ``rows`` rows of one head at a time (the forward and both backward passes build theirs here).
+
+    Built without Triton's per-descriptor validation when the caller has checked the tensors with
+    :func:`tma_ok` (16-byte aligned base and strides, unit last stride; every pass does before asking) and the
+    block is ``[1, 1, rows, head_dim]`` of powers of two (the configs' and the head dims' own rules): that
+    validation repeated those checks and was about a third of an eager forward's host time. Anything else
+    goes through the validating constructor."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    return {f"desc_{name}": TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim])
-            for name, (t, rows) in tiles.items()}
+    out = {}
+    for name, (t, rows) in tiles.items():
+        shape, block = list(t.shape), [1, 1, rows, head_dim]
+        if _pow2(rows) and _pow2(head_dim) and min(shape) > 0:
+            d = object.__new__(TensorDescriptor)  # the dataclass's fields, as its __init__ would set them
+            d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, list(t.stride()), block, "zero"
+        else:
+            d = TensorDescriptor(t, shape, list(t.stride()), block)
+        out[f"desc_{name}"] = d
+    return out
+
+
+def _pow2(n) -> bool:
+    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
 
 
 def tma_ok(*tensors) -> bool:
