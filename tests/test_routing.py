@@ -433,6 +433,31 @@ def test_dynamic_plans_are_built_per_call_without_caching():
     assert not any(isinstance(key, tuple) for key in lay._plans), lay._plans.keys()
 
 
+def test_dynamic_plan_splits_the_longest_columns_with_a_shape_only_size():
+    """A routed layout's sink column is listed by every query tile: the dynamic dK/dV plan cuts the longest key
+    sub-tiles of this call's lists into ceil(nq / chunk) chunks (a size fixed by the shapes, for graphs), and
+    the gradients still match the fp64 reference, bitwise repeatable."""
+    from sparseattn.ops import column_work
+    from sparseattn.ops.backward import DYNAMIC_SPLIT_COLUMNS
+    q, k = qk(Hq=4, Hkv=2, Lq=256, Lk=256, seed=5)
+    lay = route(q, k, 16, 16, topk=1, local=1, sinks=1)
+    plan = column_work(lay, 16)
+    per = -(-lay.nq // plan.chunk)
+    assert plan.chunk == max(8, 2 * -(-lay.nq * (lay.width + lay.full_width) // lay.nk)) and per > 1
+    R = DYNAMIC_SPLIT_COLUMNS
+    assert plan.n_ws == R * per and plan.work.shape == (R * per + lay.nk - R, 3)
+    assert plan.reduce.shape == (R, 3) and (plan.reduce[:, 2] == per).all()
+    assert 0 in plan.reduce[:, 0].tolist()  # the sink column (every row lists it) is among the split ones
+    assert sorted(plan.work[:, 2].tolist()) == [-1] * (lay.nk - R) + list(range(R * per))
+    v = torch.randn_like(k)
+    check_attention(lay, q, k, v)
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+    first = torch.autograd.grad(sa.sparse_attention(qg, kg, vg, lay), (qg, kg, vg), do)
+    again = torch.autograd.grad(sa.sparse_attention(qg, kg, vg, lay), (qg, kg, vg), do)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # routed_attention: one routing per forward + backward
 # ---------------------------------------------------------------------------------------------------------

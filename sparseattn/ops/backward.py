@@ -68,18 +68,39 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None, 
     return layout.plan(("column_work", block_n, chunk, programs), build)
 
 
+#: a dynamic layout's longest key sub-tiles (by this call's lists) split into chunks; a shape-only count, so
+#: the plan's size and its workspace are fixed for a captured graph
+DYNAMIC_SPLIT_COLUMNS = 8
+
+
 def dynamic_column_work(layout: BlockLayout, block_n: int) -> ColumnWork:
-    """The dK/dV plan of a dynamic layout, built on the device without a host sync: one item per key sub-tile
-    (no column splitting: how many chunks a column needs depends on its contents, which a captured graph
-    cannot know), ordered by column length, longest first. The chunk is ``nq``, longer than any column."""
+    """The dK/dV plan of a dynamic layout, built on the device without a host sync and with a shape-only size
+    (a captured graph replays it with new lists): the :data:`DYNAMIC_SPLIT_COLUMNS` longest key sub-tiles of
+    this call's lists are each cut into ``ceil(nq / chunk)`` chunks -- enough for a column every row lists, as
+    routing's sink blocks are -- with a workspace slot per chunk, summed in chunk order afterwards (chunks past
+    a column's end add zeros); the others stay whole. ``chunk`` is twice the mean column length the row
+    capacity allows, at least 8. Items are ordered split chunks first, then whole columns longest first.
+    Without the split, a routed layout's sink column (every query tile of every query head of the GQA group)
+    was one program and the tail of the whole pass."""
     dev = layout.device
     t = layout.transposed_lists()
     totals = (t.q_count + t.full_q_count).amax(dim=(0, 1))  # [nk]
     sub = layout.block_k // block_n
     n_sub = math.ceil(layout.kv_len / block_n)
     order = torch.argsort(totals.repeat_interleave(sub)[:n_sub], descending=True, stable=True)
-    work = torch.stack([order, torch.zeros_like(order), torch.full_like(order, -1)], 1).to(torch.int32)
-    return ColumnWork(work.contiguous(), 0, torch.zeros(0, 3, dtype=torch.int32, device=dev), layout.nq)
+    size = max(8, 2 * math.ceil(layout.nq * (layout.width + layout.full_width) / layout.nk))
+    per = math.ceil(layout.nq / size)  # chunks of a split column
+    R = min(n_sub, DYNAMIC_SPLIT_COLUMNS) if per > 1 else 0
+    if R == 0:
+        work = torch.stack([order, torch.zeros_like(order), torch.full_like(order, -1)], 1).to(torch.int32)
+        return ColumnWork(work.contiguous(), 0, torch.zeros(0, 3, dtype=torch.int32, device=dev), layout.nq)
+    long, short = order[:R], order[R:]
+    slots = torch.arange(R * per, device=dev)
+    split = torch.stack([long.repeat_interleave(per), slots % per, slots], 1)  # [R * per, 3]
+    whole = torch.stack([short, torch.zeros_like(short), torch.full_like(short, -1)], 1)
+    work = torch.cat([split, whole]).to(torch.int32).contiguous()
+    reduce = torch.stack([long, torch.arange(R, device=dev) * per, torch.full_like(long, per)], 1)
+    return ColumnWork(work, R * per, reduce.to(torch.int32).contiguous(), size)
 
 
 class DqSplit(NamedTuple):
