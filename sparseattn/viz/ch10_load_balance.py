@@ -20,7 +20,8 @@ from . import COLORS, Table
 
 __all__ = ["CASES", "case_report", "case_table", "cost_table", "histogram_figure", "tile_ms", "docs_layout",
            "explorer_figure", "recorded_table", "recorded_cases", "recorded_figure", "best_ours", "flex_target",
-           "SKEWED", "FLEX_TARGET", "IDEAL_TARGET", "flex_verdict", "bucket_table", "bwd_near_ideal", "recorded_bwd_cases", "recorded_bwd_table",
+           "SKEWED", "FLEX_TARGET", "IDEAL_TARGET", "flex_verdict", "bucket_table", "bwd_near_ideal", "ideal_calibration",
+           "flex_error", "flex_cell", "recorded_bwd_cases", "recorded_bwd_table",
            "recorded_bwd_figure", "D", "SMS"]
 
 CASES = list(BB.CASES)  #: the balance suite's cases, by name
@@ -176,10 +177,10 @@ def recorded_table(bf: BenchFile) -> Table:
         ours, _ = best_ours(c)
         rows.append([name, c["N"], c["H"], fmt(plain), fmt(auto.ms if auto else None),
                      f"{best.case['split']}:\u00a0{best.ms:.3f}" if best else "failed",  # one unbroken token
-                     maybe(c["persistent"]), maybe(c["flex"]), maybe(c["cudnn"]), fmt(ideal),
+                     maybe(c["persistent"]), flex_cell(c), maybe(c["cudnn"]), fmt(ideal),
                      fmt(c["predicted_ms"]), f"{plain / ideal:.2f}" if plain and ideal else "",
                      f"{best.ms / ideal:.2f}" if best and ideal else "",
-                     f"{c['flex'] / ours:.2f}" if c["flex"] and ours else "not measured"])
+                     flex_ratio_cell(c, ours)])
     header = ["case", "N", "heads", "plain (ms)", "split auto (ms)", "best split: ms", "persistent (ms)",
               "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "predicted, plain (ms)", "plain / ideal",
               "best split / ideal", "FlexAttention / our fastest"]
@@ -210,7 +211,7 @@ def flex_target(bf: BenchFile, target: float = FLEX_TARGET) -> Optional[dict]:
     """The issue's target against FlexAttention on the skewed cases (:data:`SKEWED` present in the file):
     ``{case: {"flex", "ours", "variant", "ratio", "met"}}`` with ratio = FlexAttention's ms / our fastest
     variant's ms and met = ratio >= ``target``; a case whose Flex or our time failed has ratio None and met
-    False. None when the file has no FlexAttention forward row (a ``--no-flex`` run)."""
+    False ("flex_error": the first line of Flex's error when its compile failed). None when the file has no FlexAttention forward row (a ``--no-flex`` run)."""
     if not bf.select(Impl.FLEX, Pass.FWD):
         return None
     out = {}
@@ -220,17 +221,24 @@ def flex_target(bf: BenchFile, target: float = FLEX_TARGET) -> Optional[dict]:
         ours, label = best_ours(c)
         ratio = c["flex"] / ours if c["flex"] and ours else None
         out[name] = {"flex": c["flex"], "ours": ours, "variant": label, "ratio": ratio,
-                     "met": ratio is not None and ratio >= target}
+                     "met": ratio is not None and ratio >= target, "flex_error": c.get("flex_error")}
     return out
 
 
 def flex_verdict(target: dict) -> str:
     """The sentence that states :func:`flex_target`'s result: met or missed, and each case's ratio."""
     met = [n for n, t in target.items() if t["met"]]
-    each = "; ".join(f"{n}: {t['ratio']:.2f}x ({t['variant']})" if t["ratio"] else f"{n}: failed"
-                     for n, t in target.items())
+    def one(n, t):
+        if t["ratio"] is not None:
+            return f"{n}: {t['ratio']:.2f}x ({t['variant']})"
+        if t.get("flex_error"):
+            return f"{n}: Flex failed to compile ({t['flex_error']}), not tested"
+        return f"{n}: failed"
+    each = "; ".join(one(n, t) for n, t in target.items())
+    failed = [n for n, t in target.items() if t["ratio"] is None and t.get("flex_error")]
+    untested = f", {len(failed)} not tested: Flex failed to compile" if failed else ""
     return (f">= {FLEX_TARGET}x FlexAttention on the skewed cases: "
-            f"{'met' if target and len(met) == len(target) else 'missed'} ({len(met)} of {len(target)} met; "
+            f"{'met' if target and len(met) == len(target) else 'missed'} ({len(met)} of {len(target)} met{untested}; "
             f"FlexAttention / our fastest: {each})")
 
 
@@ -259,10 +267,36 @@ def bucket_table(bf: BenchFile) -> Optional[Table]:
                          f"{bf.caption()}")
 
 
+def flex_error(rows) -> Optional[str]:
+    """The first line of the error a failed FlexAttention record carries (its ``ms`` is None), else None."""
+    if not rows or rows[0].ms is not None:
+        return None
+    err = str(rows[0].get("error") or "no error recorded")
+    return err.splitlines()[0] if err.strip() else "no error recorded"
+
+
+def flex_cell(c: dict) -> str:
+    """A table cell for FlexAttention's time: ms, "Flex failed to compile: <first line of the error>" for a row
+    that failed, or "not measured" when the run has no row for the case."""
+    if c["flex"] is not None:
+        return f"{c['flex']:.3f}"
+    if c.get("flex_error"):
+        return f"Flex failed to compile: {c['flex_error']}"
+    return "not measured"
+
+
+def flex_ratio_cell(c: dict, ours: Optional[float]) -> str:
+    """FlexAttention's time / ours as a table cell, or why there is none (a failed Flex row is not a 0)."""
+    if c["flex"] is not None and ours:
+        return f"{c['flex'] / ours:.2f}"
+    return "Flex failed to compile" if c.get("flex_error") else "not measured"
+
+
 def recorded_cases(bf: BenchFile) -> dict:
     """The recorded ``balance`` suite per case, in the suite's order: ``{case: {"N", "H", "plain", "persistent",
     "graph", "cudnn", "flex", "ideal_ms", "predicted_ms", "split": {split: record}}}``, times in ms (``None``
-    where a row is missing: "graph" exists for the routed case only, "cudnn" and "flex" where they ran). ``split`` holds the split grid's records
+    where a row is missing or failed: "graph" exists for the routed case only, "cudnn" and "flex" where they ran;
+    "flex_error": the first line of the error of a FlexAttention row that failed, else None). ``split`` holds the split grid's records
     ("auto", 16, 64), each with its ``chunk``, ``tasks``, ``merged_rows`` and ``predicted_ms``."""
     out = {}
     for name in dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.FWD)):
@@ -279,7 +313,7 @@ def recorded_cases(bf: BenchFile) -> dict:
                      "split": {r.case["split"]: r for r in both if not r.case.get("persistent")},
                      "persistent": persist[0].ms if persist else None, "graph": graph[0].ms if graph else None,
                      "graph_record": graph[0] if graph else None, "cudnn": cud[0].ms if cud else None,
-                     "flex": flex[0].ms if flex else None}
+                     "flex": flex[0].ms if flex else None, "flex_error": flex_error(flex)}
     return out
 
 
@@ -312,8 +346,19 @@ def recorded_figure(bf: BenchFile) -> go.Figure:
     if any(c["flex"] is not None for c in cases.values()):  # only runs that measured it
         series.append(("FlexAttention (compiled, same block mask)", [c["flex"] for c in cases.values()],
                        COLORS[Impl.FLEX], "", None))
-    return _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 520,
-                            f"Forward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+    fig = _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 520,
+                           f"Forward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+    return _mark_flex_failures(fig, labels, cases)
+
+
+def _mark_flex_failures(fig: go.Figure, labels: list, cases: dict) -> go.Figure:
+    """Write "Flex failed to compile" under the group of a case whose FlexAttention row failed, so a missing bar
+    reads as a failure, not as a 0 or an omission (the table beside the figure gives the error)."""
+    for label, c in zip(labels, cases.values()):
+        if c["flex"] is None and c.get("flex_error"):
+            fig.add_annotation(x=label, y=0, yref="paper", yanchor="bottom", showarrow=False,
+                               text="Flex failed<br>to compile", font=dict(size=10, color=COLORS[Impl.FLEX]))
+    return fig
 
 
 def _bars_with_ideal(labels, series, ideal, height: int, title: str) -> go.Figure:
@@ -337,8 +382,9 @@ def _bars_with_ideal(labels, series, ideal, height: int, title: str) -> go.Figur
 
 # ---- the recorded backward (suite balance_bwd) ----------------------------------------------------------------
 def recorded_bwd_cases(bf: BenchFile) -> dict:
-    """The recorded ``balance_bwd`` suite per case: ``{case: {"N", "H", "plain", "dq_split", "flex", "ideal_ms",
-    "split_record"}}`` (backward ms; None where a row is missing or failed)."""
+    """The recorded ``balance_bwd`` suite per case: ``{case: {"N", "H", "plain", "dq_split", "flex", "flex_error",
+    "ideal_ms", "split_record"}}`` (backward ms; None where a row is missing or failed; "flex_error" as in
+    :func:`recorded_cases`)."""
     out = {}
     for name in dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.BWD)):
         if name == "equal rows":
@@ -348,19 +394,35 @@ def recorded_bwd_cases(bf: BenchFile) -> dict:
         flex = bf.select(Impl.FLEX, Pass.BWD, case=name)
         out[name] = {"N": plain.case["N"], "H": plain.case["H"], "plain": plain.ms,
                      "dq_split": split[0].ms if split else None, "split_record": split[0] if split else None,
-                     "flex": flex[0].ms if flex else None, "ideal_ms": plain.get("ideal_ms")}
+                     "flex": flex[0].ms if flex else None, "flex_error": flex_error(flex),
+                     "ideal_ms": plain.get("ideal_ms")}
     return out
 
 
 def bwd_near_ideal(bf: BenchFile, target: float = IDEAL_TARGET) -> dict:
     """Per case of the recorded ``balance_bwd`` suite: our faster backward (plain or split dQ) / its ideal, and
-    whether that is within ``target`` (None where a time failed)."""
+    whether that is within ``target`` (None where a time failed). ``below`` marks a case measured *faster* than
+    its ideal: there the ideal is no lower bound (its calibration did not price a tile as this case runs it),
+    so the case neither meets nor misses the target and ``met`` is False."""
     out = {}
     for n, c in recorded_bwd_cases(bf).items():
         ours = min([x for x in (c["plain"], c["dq_split"]) if x is not None], default=None)
         ratio = ours / c["ideal_ms"] if ours and c["ideal_ms"] else None
-        out[n] = {"ratio": ratio, "met": ratio is not None and ratio <= target}
+        below = ratio is not None and ratio < 1
+        out[n] = {"ratio": ratio, "below": below, "met": ratio is not None and not below and ratio <= target}
     return out
+
+
+def ideal_calibration(bf: BenchFile, name: str, pass_: str = Pass.BWD) -> dict:
+    """How a case's ``ideal_ms`` was calibrated: the ``equal rows`` record of the same length and heads
+    (``N``, ``H``, ``rows`` = its listed tiles / its tiles per row, over all heads: one program per row,
+    ``tiles_per_row``, ``ms``), and ``sms`` from the file, so a page can say whether the calibration launch
+    filled the GPU."""
+    case = bf.one(Impl.OURS, pass_, case=name)
+    eq = bf.one(Impl.OURS, pass_, case="equal rows", N=case.case["N"], H=case.case["H"])
+    per_row = eq.case.get("tiles_per_row", BB.EQUAL_ROW_TILES)
+    return {"N": eq.case["N"], "H": eq.case["H"], "rows": eq.get("listed_tiles") // per_row,
+            "tiles_per_row": per_row, "ms": eq.ms, "sms": bf.meta.get("sm_count")}
 
 
 def recorded_bwd_table(bf: BenchFile) -> Table:
@@ -373,9 +435,9 @@ def recorded_bwd_table(bf: BenchFile) -> Table:
     for name, c in recorded_bwd_cases(bf).items():
         ours = min([x for x in (c["plain"], c["dq_split"]) if x is not None], default=None)
         ideal = c["ideal_ms"]
-        rows.append([name, c["N"], c["H"], fmt(c["plain"]), fmt(c["dq_split"]), fmt(c["flex"]), fmt(ideal),
+        rows.append([name, c["N"], c["H"], fmt(c["plain"]), fmt(c["dq_split"]), flex_cell(c), fmt(ideal),
                      f"{ours / ideal:.2f}" if ours and ideal else "",
-                     f"{c['flex'] / ours:.2f}" if c["flex"] and ours else "not measured"])
+                     flex_ratio_cell(c, ours)])
     header = ["case", "N", "heads", "plain dQ (ms)", "split dQ (ms)", "FlexAttention (ms)", "ideal (ms)",
               "our faster / ideal", "FlexAttention / our faster"]
     empty = [j for j in range(len(header)) if rows and all(r[j] == "not measured" for r in rows)]
@@ -395,5 +457,6 @@ def recorded_bwd_figure(bf: BenchFile) -> go.Figure:
               ('split dQ pass', [c["dq_split"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "", None)]
     if any(c["flex"] is not None for c in cases.values()):
         series.append(("FlexAttention backward", [c["flex"] for c in cases.values()], COLORS[Impl.FLEX], "", None))
-    return _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 480,
-                            f"Backward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+    fig = _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 480,
+                           f"Backward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+    return _mark_flex_failures(fig, labels, cases)
