@@ -118,11 +118,13 @@ def versus_bwd(doc: BenchFile) -> list:
     return out
 
 
-def versus_caption(doc: BenchFile) -> str:
-    """Where, when and with which versions a ``versus`` file was measured (from its meta)."""
+def versus_caption(doc: BenchFile, sep: str = "; ") -> str:
+    """Where, when and with which versions a ``versus`` file was measured (from its meta): the file's caption,
+    then CUDA, cuDNN and sparseattn versions where recorded, joined by ``sep``."""
     m = doc.meta
-    extra = ", ".join(f"{k} {m[k]}" for k in ("cuda", "cudnn", "sparseattn") if k in m)
-    return f"{doc.caption()}{', ' + extra if extra else ''}; one run (python -m sparseattn.bench versus)"
+    extra = ", ".join(f"{name} {m[k]}" for k, name in (("cuda", "CUDA"), ("cudnn", "cuDNN"),
+                                                       ("sparseattn", "sparseattn")) if k in m)
+    return doc.caption() + (sep + extra if extra else "")
 
 
 def versus_bwd_figure(doc: BenchFile) -> go.Figure:
@@ -148,9 +150,11 @@ def versus_bwd_figure(doc: BenchFile) -> go.Figure:
                   annotation_text="as fast as FlexAttention", annotation_position="top left")
     ys = [x["ratio"] for x in lines if x["ratio"]] + [x["target"] for x in lines if x["target"]] + [1.0]
     fig.update_layout(height=480, title_font_size=14, legend=dict(orientation="h", y=-0.32), bargap=0.1,
-                      title=("Backward against FlexAttention in one run (issue 13's rows)<br><sup>dQ, dK, dV from "
-                             "a kept forward; B=1, H=16, D=128, N=32k, bf16, tiles 128 unless noted; Flex compiled "
-                             f"on the same block mask; {versus_caption(doc)}</sup>"),
+                      margin=dict(t=120),
+                      title=("Backward against FlexAttention in one run (issue 13's rows)<br><sup>"
+                             "dQ, dK, dV from a kept forward; B=1, H=16, D=128, N=32k, bf16, tiles 128 unless noted"
+                             "<br>FlexAttention compiled on the same block mask, same run (sparseattn.bench versus)"
+                             f"<br>{versus_caption(doc, '<br>')}</sup>"),
                       xaxis=dict(title="pattern (shape where it differs)", tickvals=list(range(len(labels))),
                                  ticktext=labels, tickangle=-20),
                       yaxis=dict(title="FlexAttention time / our time (x; above 1: ours faster)",

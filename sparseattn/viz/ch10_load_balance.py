@@ -21,7 +21,7 @@ from . import COLORS, Table
 __all__ = ["CASES", "case_report", "case_table", "cost_table", "histogram_figure", "tile_ms", "docs_layout",
            "explorer_figure", "recorded_table", "recorded_cases", "recorded_figure", "best_ours", "flex_target",
            "SKEWED", "FLEX_TARGET", "IDEAL_TARGET", "flex_verdict", "bucket_table", "bwd_near_ideal", "ideal_calibration",
-           "flex_error", "flex_cell", "recorded_bwd_cases", "recorded_bwd_table",
+           "flex_error", "flex_cell", "flex_failures", "recorded_bwd_cases", "recorded_bwd_table",
            "recorded_bwd_figure", "D", "SMS"]
 
 CASES = list(BB.CASES)  #: the balance suite's cases, by name
@@ -169,7 +169,8 @@ def recorded_table(bf: BenchFile) -> Table:
     def maybe(x: Optional[float]) -> str:
         return "not measured" if x is None else fmt(x)
     rows = []
-    for name, c in recorded_cases(bf).items():
+    cases = recorded_cases(bf)
+    for name, c in cases.items():
         auto = c["split"].get("auto")
         timed = [r for r in c["split"].values() if r.ms is not None]
         best = min(timed, key=lambda r: r.ms) if timed else None
@@ -189,7 +190,7 @@ def recorded_table(bf: BenchFile) -> Table:
     keep = [j for j in range(len(header)) if j not in empty]
     note = _not_in_run(header, empty)
     return Table([header[j] for j in keep], [[r[j] for j in keep] for r in rows],
-                 caption=f"Forward, bf16, D=128; {bf.caption()}{note}")
+                 caption=f"Forward, bf16, D=128; {bf.caption()}{note}{flex_failures(cases)}")
 
 
 def _not_in_run(header: list, empty: list) -> str:
@@ -276,13 +277,25 @@ def flex_error(rows) -> Optional[str]:
 
 
 def flex_cell(c: dict) -> str:
-    """A table cell for FlexAttention's time: ms, "Flex failed to compile: <first line of the error>" for a row
-    that failed, or "not measured" when the run has no row for the case."""
+    """A table cell for FlexAttention's time: ms, "Flex failed to compile" for a row that failed (the first line
+    of its error goes in the caption, :func:`flex_failures`: a long exception name would widen the table past
+    the page), or "not measured" when the run has no row for the case."""
     if c["flex"] is not None:
         return f"{c['flex']:.3f}"
     if c.get("flex_error"):
-        return f"Flex failed to compile: {c['flex_error']}"
+        return "Flex failed to compile (error below)"
     return "not measured"
+
+
+def flex_failures(cases: dict) -> str:
+    """The caption's note for the cases whose FlexAttention row failed: each distinct first line of an error,
+    with the cases that gave it ("" when none failed)."""
+    by_error: dict = {}
+    for name, c in cases.items():
+        if c["flex"] is None and c.get("flex_error"):
+            by_error.setdefault(c["flex_error"], []).append(name)
+    return "".join(f"; FlexAttention failed to compile on {', '.join(names)}: {err}"
+                   for err, names in by_error.items())
 
 
 def flex_ratio_cell(c: dict, ours: Optional[float]) -> str:
@@ -432,7 +445,8 @@ def recorded_bwd_table(bf: BenchFile) -> Table:
     def fmt(x):
         return "not measured" if x is None else f"{x:.3f}"
     rows = []
-    for name, c in recorded_bwd_cases(bf).items():
+    cases = recorded_bwd_cases(bf)
+    for name, c in cases.items():
         ours = min([x for x in (c["plain"], c["dq_split"]) if x is not None], default=None)
         ideal = c["ideal_ms"]
         rows.append([name, c["N"], c["H"], fmt(c["plain"]), fmt(c["dq_split"]), flex_cell(c), fmt(ideal),
@@ -445,7 +459,7 @@ def recorded_bwd_table(bf: BenchFile) -> Table:
     note = _not_in_run(header, empty)
     return Table([header[j] for j in keep], [[r[j] for j in keep] for r in rows],
                  caption=f"Backward alone (from a kept forward), bf16, D=128; ideal = the backward's time per tile "
-                         f"on long equal rows x the case's tiles; {bf.caption()}{note}")
+                         f"on long equal rows x the case's tiles; {bf.caption()}{note}{flex_failures(cases)}")
 
 
 def recorded_bwd_figure(bf: BenchFile) -> go.Figure:
