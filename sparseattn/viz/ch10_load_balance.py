@@ -160,9 +160,11 @@ def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figu
 
 
 def recorded_table(bf: BenchFile) -> Table:
-    """The recorded ``balance`` suite: per case our plain grid, the split plan ("auto" and the best chunk), the
-    persistent grid over the "auto" plan (files that predate it: "not measured"), FlexAttention and cuDNN on
-    the causal envelope, beside the ideal balanced time and the prediction."""
+    """The recorded ``balance`` suite: per case (its length and heads) our plain grid, the split plan ("auto"
+    and the best chunk), the persistent grid over the "auto" plan (files that predate it: "not measured"),
+    FlexAttention ("Flex failed to compile" where its row failed, the error in the caption) and cuDNN on the
+    causal envelope, beside the ideal balanced time (the roofline's prediction is in :func:`recorded_cases`;
+    the table holds the columns that fit the page)."""
     def fmt(x: Optional[float]) -> str:
         return "failed" if x is None else f"{x:.3f}"
 
@@ -176,14 +178,14 @@ def recorded_table(bf: BenchFile) -> Table:
         best = min(timed, key=lambda r: r.ms) if timed else None
         plain, ideal = c["plain"], c["ideal_ms"]
         ours, _ = best_ours(c)
-        rows.append([name, c["N"], c["H"], fmt(plain), fmt(auto.ms if auto else None),
+        rows.append([name, f"{c['N'] // 1024}k x {c['H']}", fmt(plain), fmt(auto.ms if auto else None),
                      f"{best.case['split']}:\u00a0{best.ms:.3f}" if best else "failed",  # one unbroken token
                      maybe(c["persistent"]), flex_cell(c), maybe(c["cudnn"]), fmt(ideal),
-                     fmt(c["predicted_ms"]), f"{plain / ideal:.2f}" if plain and ideal else "",
+                     f"{plain / ideal:.2f}" if plain and ideal else "",
                      f"{best.ms / ideal:.2f}" if best and ideal else "",
                      flex_ratio_cell(c, ours)])
-    header = ["case", "N", "heads", "plain (ms)", "split auto (ms)", "best split: ms", "persistent (ms)",
-              "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "predicted, plain (ms)", "plain / ideal",
+    header = ["case", "tokens x heads", "plain (ms)", "split auto (ms)", "best split: ms", "persistent (ms)",
+              "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "plain / ideal",
               "best split / ideal", "FlexAttention / our fastest"]
     # a column no case measured (FlexAttention in a run without it) is left out and named in the caption
     empty = [j for j in range(len(header)) if rows and all(r[j] == "not measured" for r in rows)]
