@@ -9,13 +9,15 @@ import torch
 
 from .. import patterns as P
 from ..bench.cases import PREFILL_PATTERNS, dense_pattern_of
+from ..bench import versus as V
 from ..bench.record import BenchFile, Impl, Pass
 from ..layout import BlockLayout
 from ..ops import column_work as _column_work
 from . import COLORS
 from ._axes import tidy_log
 
-__all__ = ["column_work", "column_work_figure", "backward_figure"]
+__all__ = ["column_work", "column_work_figure", "backward_figure", "versus_bwd", "versus_bwd_figure",
+           "versus_caption"]
 
 
 def column_work(N: int = 32768, chunk: Optional[int] = None) -> dict:
@@ -68,3 +70,94 @@ def backward_figure(bwd: BenchFile, fwd: BenchFile) -> go.Figure:
                       height=480, title_font_size=14, legend=dict(orientation="h", y=-0.3),
                       title=f"Backward and forward at N = 32k<br><sup>bf16, H=16, D=128; {bwd.caption()}</sup>")
     return tidy_log(fig)
+
+
+# ---- issue 13's table in one run (suite ``versus``) ----------------------------------------------------------
+#: the two backward paths of a ``versus`` row: (line kind, our series, legend name)
+_VERSUS_PATHS = (("bwd", Impl.OURS, "ours, deterministic (two passes)"),
+                 ("bwd atomic", Impl.OURS_ATOMIC, "ours, atomic dQ"))
+
+
+def _shape_note(row: V.Row) -> str:
+    """What a ``versus`` row changes from the suite's default shape (N = 32k, H = 16, D = 128, bf16)."""
+    base = V.Row("", "", "", "")
+    parts = [f"N={row.N}"] if row.N != base.N else []
+    parts += [f"D={row.D}"] if row.D != base.D else []
+    parts += [f"H={row.H}/{row.Hkv}" if row.Hkv != row.H else f"H={row.H}"] if (row.H, row.Hkv) != (base.H, base.Hkv) \
+        else []
+    parts += [row.dtype] if row.dtype != base.dtype else []
+    return ", ".join(parts)
+
+
+def versus_bwd(doc: BenchFile) -> list:
+    """The backward lines of a recorded ``versus`` file, in the suite's row order: one dict per (row, path) with
+    ``row`` (key), ``label`` (the pattern, and the shape where it differs from the default), ``kind`` ("bwd" or
+    "bwd atomic"), ``ours_ms``, ``flex_ms`` (FlexAttention's backward, same run, same block mask), ``ratio``
+    (flex / ours: above 1, ours is faster), ``issue`` (the issue's ratio for that line, None if it gave none),
+    ``target`` (the issue's minimum ratio), ``max_ms`` (its time cap, or None) and ``met`` (None when a time
+    is missing). Rows the file does not hold are left out; a failed measurement gives ``ratio`` None."""
+    if doc.suite != V.NAME:
+        raise ValueError(f"doc must be a '{V.NAME}' file, got suite {doc.suite!r}")
+    out = []
+    have = {r.case.get("row") for r in doc.records}
+    for row in V.ROWS:
+        if "bwd" not in row.kind or row.key not in have:
+            continue
+        flex = doc.select(Impl.FLEX, Pass.BWD, row=row.key)
+        flex_ms = flex[0].ms if flex else None
+        pattern = row.label.split(",")[0]
+        note = _shape_note(row)
+        for kind, impl, _ in _VERSUS_PATHS:
+            mine = doc.select(impl, Pass.BWD, row=row.key)
+            ours = mine[0].ms if mine else None
+            ratio = flex_ms / ours if flex_ms and ours else None
+            t = row.targets[kind]
+            out.append({"row": row.key, "label": f"{pattern} ({note})" if note else pattern, "kind": kind,
+                        "ours_ms": ours, "flex_ms": flex_ms, "ratio": ratio, "issue": row.issue.get(kind),
+                        "target": t.min_ratio, "max_ms": t.max_ms, "met": t.met(ours, ratio)})
+    return out
+
+
+def versus_caption(doc: BenchFile, sep: str = "; ") -> str:
+    """Where, when and with which versions a ``versus`` file was measured (from its meta): the file's caption,
+    then CUDA, cuDNN and sparseattn versions where recorded, joined by ``sep``."""
+    m = doc.meta
+    extra = ", ".join(f"{name} {m[k]}" for k, name in (("cuda", "CUDA"), ("cudnn", "cuDNN"),
+                                                       ("sparseattn", "sparseattn")) if k in m)
+    return doc.caption() + (sep + extra if extra else "")
+
+
+def versus_bwd_figure(doc: BenchFile) -> go.Figure:
+    """FlexAttention's backward time over ours, per ``versus`` row, for the deterministic and the atomic path
+    (bars), with 1.0 (as fast as FlexAttention) and each line's target from issue 13 (ticks)."""
+    lines = versus_bwd(doc)
+    labels = list(dict.fromkeys(x["label"] for x in lines))
+    pos = {lab: i for i, lab in enumerate(labels)}
+    fig = go.Figure()
+    for j, (kind, impl, name) in enumerate(_VERSUS_PATHS):
+        mine = [x for x in lines if x["kind"] == kind]
+        xs = [pos[x["label"]] + (j - 0.5) * 0.4 for x in mine]
+        fig.add_trace(go.Bar(x=xs, y=[x["ratio"] for x in mine], width=0.38, name=name,
+                             marker_color=COLORS[impl],
+                             customdata=[[x["ours_ms"], x["flex_ms"]] for x in mine],
+                             hovertemplate="%{y:.2f}x (ours %{customdata[0]:.3f} ms, Flex %{customdata[1]:.3f} ms)"
+                                           "<extra></extra>"))
+        fig.add_trace(go.Scatter(x=xs, y=[x["target"] for x in mine], mode="markers", showlegend=j == 0,
+                                 name="issue 13's target for that bar", legendgroup="target",
+                                 marker=dict(symbol="line-ew", size=26, line=dict(width=3, color="#000000")),
+                                 hovertemplate="target %{y:.2f}x<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dash", line_color=COLORS[Impl.FLEX],
+                  annotation_text="1.0: as fast as FlexAttention (above: ours faster)",
+                  annotation_position="top right")
+    ys = [x["ratio"] for x in lines if x["ratio"]] + [x["target"] for x in lines if x["target"]] + [1.0]
+    fig.update_layout(height=600, title_font_size=14, legend=dict(orientation="h", y=-0.42), bargap=0.1,
+                      margin=dict(t=150, b=170),
+                      title=("Backward against FlexAttention in one run (issue 13's rows)<br><sup>"
+                             "dQ, dK, dV from a kept forward; B=1, H=16, D=128, N=32k, bf16, tiles 128 unless noted"
+                             "<br>FlexAttention compiled on the same block mask, same run (sparseattn.bench versus)"
+                             f"<br>{versus_caption(doc, '<br>')}</sup>"),
+                      xaxis=dict(title="pattern (shape where it differs)", tickvals=list(range(len(labels))),
+                                 ticktext=labels, tickangle=-20),
+                      yaxis=dict(title="FlexAttention / ours (time ratio, x)",
+                                 range=[0, max(ys) * 1.1]))
+    return fig

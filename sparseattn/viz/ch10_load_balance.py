@@ -20,7 +20,8 @@ from . import COLORS, Table
 
 __all__ = ["CASES", "case_report", "case_table", "cost_table", "histogram_figure", "tile_ms", "docs_layout",
            "explorer_figure", "recorded_table", "recorded_cases", "recorded_figure", "best_ours", "flex_target",
-           "SKEWED", "FLEX_TARGET", "IDEAL_TARGET", "flex_verdict", "bucket_table", "bwd_near_ideal", "recorded_bwd_cases", "recorded_bwd_table",
+           "SKEWED", "FLEX_TARGET", "IDEAL_TARGET", "flex_verdict", "bucket_table", "bwd_near_ideal", "ideal_calibration",
+           "flex_error", "flex_cell", "flex_failures", "recorded_bwd_cases", "recorded_bwd_table",
            "recorded_bwd_figure", "D", "SMS"]
 
 CASES = list(BB.CASES)  #: the balance suite's cases, by name
@@ -159,36 +160,39 @@ def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figu
 
 
 def recorded_table(bf: BenchFile) -> Table:
-    """The recorded ``balance`` suite: per case our plain grid, the split plan ("auto" and the best chunk), the
-    persistent grid over the "auto" plan (files that predate it: "not measured"), FlexAttention and cuDNN on
-    the causal envelope, beside the ideal balanced time and the prediction."""
+    """The recorded ``balance`` suite: per case (its length and heads) our plain grid, the split plan ("auto"
+    and the best chunk), the persistent grid over the "auto" plan (files that predate it: "not measured"),
+    FlexAttention ("Flex failed to compile" where its row failed, the error in the caption) and cuDNN on the
+    causal envelope, beside the ideal balanced time (the roofline's prediction is in :func:`recorded_cases`;
+    the table holds the columns that fit the page)."""
     def fmt(x: Optional[float]) -> str:
         return "failed" if x is None else f"{x:.3f}"
 
     def maybe(x: Optional[float]) -> str:
         return "not measured" if x is None else fmt(x)
     rows = []
-    for name, c in recorded_cases(bf).items():
+    cases = recorded_cases(bf)
+    for name, c in cases.items():
         auto = c["split"].get("auto")
         timed = [r for r in c["split"].values() if r.ms is not None]
         best = min(timed, key=lambda r: r.ms) if timed else None
         plain, ideal = c["plain"], c["ideal_ms"]
         ours, _ = best_ours(c)
-        rows.append([name, c["N"], c["H"], fmt(plain), fmt(auto.ms if auto else None),
+        rows.append([name, f"{c['N'] // 1024}k x {c['H']}", fmt(plain), fmt(auto.ms if auto else None),
                      f"{best.case['split']}:\u00a0{best.ms:.3f}" if best else "failed",  # one unbroken token
-                     maybe(c["persistent"]), maybe(c["flex"]), maybe(c["cudnn"]), fmt(ideal),
-                     fmt(c["predicted_ms"]), f"{plain / ideal:.2f}" if plain and ideal else "",
+                     maybe(c["persistent"]), flex_cell(c), maybe(c["cudnn"]), fmt(ideal),
+                     f"{plain / ideal:.2f}" if plain and ideal else "",
                      f"{best.ms / ideal:.2f}" if best and ideal else "",
-                     f"{c['flex'] / ours:.2f}" if c["flex"] and ours else "not measured"])
-    header = ["case", "N", "heads", "plain (ms)", "split auto (ms)", "best split: ms", "persistent (ms)",
-              "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "predicted, plain (ms)", "plain / ideal",
+                     flex_ratio_cell(c, ours)])
+    header = ["case", "tokens x heads", "plain (ms)", "split auto (ms)", "best split: ms", "persistent (ms)",
+              "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "plain / ideal",
               "best split / ideal", "FlexAttention / our fastest"]
     # a column no case measured (FlexAttention in a run without it) is left out and named in the caption
     empty = [j for j in range(len(header)) if rows and all(r[j] == "not measured" for r in rows)]
     keep = [j for j in range(len(header)) if j not in empty]
     note = _not_in_run(header, empty)
     return Table([header[j] for j in keep], [[r[j] for j in keep] for r in rows],
-                 caption=f"Forward, bf16, D=128; {bf.caption()}{note}")
+                 caption=f"Forward, bf16, D=128; {bf.caption()}{note}{flex_failures(cases)}")
 
 
 def _not_in_run(header: list, empty: list) -> str:
@@ -210,7 +214,7 @@ def flex_target(bf: BenchFile, target: float = FLEX_TARGET) -> Optional[dict]:
     """The issue's target against FlexAttention on the skewed cases (:data:`SKEWED` present in the file):
     ``{case: {"flex", "ours", "variant", "ratio", "met"}}`` with ratio = FlexAttention's ms / our fastest
     variant's ms and met = ratio >= ``target``; a case whose Flex or our time failed has ratio None and met
-    False. None when the file has no FlexAttention forward row (a ``--no-flex`` run)."""
+    False ("flex_error": the first line of Flex's error when its compile failed). None when the file has no FlexAttention forward row (a ``--no-flex`` run)."""
     if not bf.select(Impl.FLEX, Pass.FWD):
         return None
     out = {}
@@ -220,17 +224,24 @@ def flex_target(bf: BenchFile, target: float = FLEX_TARGET) -> Optional[dict]:
         ours, label = best_ours(c)
         ratio = c["flex"] / ours if c["flex"] and ours else None
         out[name] = {"flex": c["flex"], "ours": ours, "variant": label, "ratio": ratio,
-                     "met": ratio is not None and ratio >= target}
+                     "met": ratio is not None and ratio >= target, "flex_error": c.get("flex_error")}
     return out
 
 
 def flex_verdict(target: dict) -> str:
     """The sentence that states :func:`flex_target`'s result: met or missed, and each case's ratio."""
     met = [n for n, t in target.items() if t["met"]]
-    each = "; ".join(f"{n}: {t['ratio']:.2f}x ({t['variant']})" if t["ratio"] else f"{n}: failed"
-                     for n, t in target.items())
+    def one(n, t):
+        if t["ratio"] is not None:
+            return f"{n}: {t['ratio']:.2f}x ({t['variant']})"
+        if t.get("flex_error"):
+            return f"{n}: Flex failed to compile ({t['flex_error']}), not tested"
+        return f"{n}: failed"
+    each = "; ".join(one(n, t) for n, t in target.items())
+    failed = [n for n, t in target.items() if t["ratio"] is None and t.get("flex_error")]
+    untested = f", {len(failed)} not tested: Flex failed to compile" if failed else ""
     return (f">= {FLEX_TARGET}x FlexAttention on the skewed cases: "
-            f"{'met' if target and len(met) == len(target) else 'missed'} ({len(met)} of {len(target)} met; "
+            f"{'met' if target and len(met) == len(target) else 'missed'} ({len(met)} of {len(target)} met{untested}; "
             f"FlexAttention / our fastest: {each})")
 
 
@@ -259,10 +270,48 @@ def bucket_table(bf: BenchFile) -> Optional[Table]:
                          f"{bf.caption()}")
 
 
+def flex_error(rows) -> Optional[str]:
+    """The first line of the error a failed FlexAttention record carries (its ``ms`` is None), else None."""
+    if not rows or rows[0].ms is not None:
+        return None
+    err = str(rows[0].get("error") or "no error recorded")
+    return err.splitlines()[0] if err.strip() else "no error recorded"
+
+
+def flex_cell(c: dict) -> str:
+    """A table cell for FlexAttention's time: ms, "Flex failed to compile" for a row that failed (the first line
+    of its error goes in the caption, :func:`flex_failures`: a long exception name would widen the table past
+    the page), or "not measured" when the run has no row for the case."""
+    if c["flex"] is not None:
+        return f"{c['flex']:.3f}"
+    if c.get("flex_error"):
+        return "Flex failed to compile (error below)"
+    return "not measured"
+
+
+def flex_failures(cases: dict) -> str:
+    """The caption's note for the cases whose FlexAttention row failed: each distinct first line of an error,
+    with the cases that gave it ("" when none failed)."""
+    by_error: dict = {}
+    for name, c in cases.items():
+        if c["flex"] is None and c.get("flex_error"):
+            by_error.setdefault(c["flex_error"], []).append(name)
+    return "".join(f"; FlexAttention failed to compile on {', '.join(names)}: {err}"
+                   for err, names in by_error.items())
+
+
+def flex_ratio_cell(c: dict, ours: Optional[float]) -> str:
+    """FlexAttention's time / ours as a table cell, or why there is none (a failed Flex row is not a 0)."""
+    if c["flex"] is not None and ours:
+        return f"{c['flex'] / ours:.2f}"
+    return "Flex failed to compile" if c.get("flex_error") else "not measured"
+
+
 def recorded_cases(bf: BenchFile) -> dict:
     """The recorded ``balance`` suite per case, in the suite's order: ``{case: {"N", "H", "plain", "persistent",
     "graph", "cudnn", "flex", "ideal_ms", "predicted_ms", "split": {split: record}}}``, times in ms (``None``
-    where a row is missing: "graph" exists for the routed case only, "cudnn" and "flex" where they ran). ``split`` holds the split grid's records
+    where a row is missing or failed: "graph" exists for the routed case only, "cudnn" and "flex" where they ran;
+    "flex_error": the first line of the error of a FlexAttention row that failed, else None). ``split`` holds the split grid's records
     ("auto", 16, 64), each with its ``chunk``, ``tasks``, ``merged_rows`` and ``predicted_ms``."""
     out = {}
     for name in dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.FWD)):
@@ -279,7 +328,7 @@ def recorded_cases(bf: BenchFile) -> dict:
                      "split": {r.case["split"]: r for r in both if not r.case.get("persistent")},
                      "persistent": persist[0].ms if persist else None, "graph": graph[0].ms if graph else None,
                      "graph_record": graph[0] if graph else None, "cudnn": cud[0].ms if cud else None,
-                     "flex": flex[0].ms if flex else None}
+                     "flex": flex[0].ms if flex else None, "flex_error": flex_error(flex)}
     return out
 
 
@@ -312,8 +361,21 @@ def recorded_figure(bf: BenchFile) -> go.Figure:
     if any(c["flex"] is not None for c in cases.values()):  # only runs that measured it
         series.append(("FlexAttention (compiled, same block mask)", [c["flex"] for c in cases.values()],
                        COLORS[Impl.FLEX], "", None))
-    return _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 520,
-                            f"Forward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+    fig = _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 520,
+                           f"Forward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+    return _mark_flex_failures(fig, labels, cases)
+
+
+def _mark_flex_failures(fig: go.Figure, labels: list, cases: dict) -> go.Figure:
+    """Write "Flex failed to compile" under the group of a case whose FlexAttention row failed, so a missing bar
+    reads as a failure, not as a 0 or an omission (the table beside the figure gives the error)."""
+    for label, c in zip(labels, cases.values()):
+        if c["flex"] is None and c.get("flex_error"):
+            # beside the group, where FlexAttention's bar would stand (the last of the group)
+            fig.add_annotation(x=label, y=0, yref="paper", yanchor="bottom", xanchor="left", xshift=12,
+                               showarrow=False, text="Flex failed<br>to compile", bgcolor="rgba(255,255,255,0.85)",
+                               font=dict(size=10, color=COLORS[Impl.FLEX]))
+    return fig
 
 
 def _bars_with_ideal(labels, series, ideal, height: int, title: str) -> go.Figure:
@@ -337,8 +399,9 @@ def _bars_with_ideal(labels, series, ideal, height: int, title: str) -> go.Figur
 
 # ---- the recorded backward (suite balance_bwd) ----------------------------------------------------------------
 def recorded_bwd_cases(bf: BenchFile) -> dict:
-    """The recorded ``balance_bwd`` suite per case: ``{case: {"N", "H", "plain", "dq_split", "flex", "ideal_ms",
-    "split_record"}}`` (backward ms; None where a row is missing or failed)."""
+    """The recorded ``balance_bwd`` suite per case: ``{case: {"N", "H", "plain", "dq_split", "flex", "flex_error",
+    "ideal_ms", "split_record"}}`` (backward ms; None where a row is missing or failed; "flex_error" as in
+    :func:`recorded_cases`)."""
     out = {}
     for name in dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.BWD)):
         if name == "equal rows":
@@ -348,19 +411,35 @@ def recorded_bwd_cases(bf: BenchFile) -> dict:
         flex = bf.select(Impl.FLEX, Pass.BWD, case=name)
         out[name] = {"N": plain.case["N"], "H": plain.case["H"], "plain": plain.ms,
                      "dq_split": split[0].ms if split else None, "split_record": split[0] if split else None,
-                     "flex": flex[0].ms if flex else None, "ideal_ms": plain.get("ideal_ms")}
+                     "flex": flex[0].ms if flex else None, "flex_error": flex_error(flex),
+                     "ideal_ms": plain.get("ideal_ms")}
     return out
 
 
 def bwd_near_ideal(bf: BenchFile, target: float = IDEAL_TARGET) -> dict:
     """Per case of the recorded ``balance_bwd`` suite: our faster backward (plain or split dQ) / its ideal, and
-    whether that is within ``target`` (None where a time failed)."""
+    whether that is within ``target`` (None where a time failed). ``below`` marks a case measured *faster* than
+    its ideal: there the ideal is no lower bound (its calibration did not price a tile as this case runs it),
+    so the case neither meets nor misses the target and ``met`` is False."""
     out = {}
     for n, c in recorded_bwd_cases(bf).items():
         ours = min([x for x in (c["plain"], c["dq_split"]) if x is not None], default=None)
         ratio = ours / c["ideal_ms"] if ours and c["ideal_ms"] else None
-        out[n] = {"ratio": ratio, "met": ratio is not None and ratio <= target}
+        below = ratio is not None and ratio < 1
+        out[n] = {"ratio": ratio, "below": below, "met": ratio is not None and not below and ratio <= target}
     return out
+
+
+def ideal_calibration(bf: BenchFile, name: str, pass_: str = Pass.BWD) -> dict:
+    """How a case's ``ideal_ms`` was calibrated: the ``equal rows`` record of the same length and heads
+    (``N``, ``H``, ``rows`` = its listed tiles / its tiles per row, over all heads: one program per row,
+    ``tiles_per_row``, ``ms``), and ``sms`` from the file, so a page can say whether the calibration launch
+    filled the GPU."""
+    case = bf.one(Impl.OURS, pass_, case=name)
+    eq = bf.one(Impl.OURS, pass_, case="equal rows", N=case.case["N"], H=case.case["H"])
+    per_row = eq.case.get("tiles_per_row", BB.EQUAL_ROW_TILES)
+    return {"N": eq.case["N"], "H": eq.case["H"], "rows": eq.get("listed_tiles") // per_row,
+            "tiles_per_row": per_row, "ms": eq.ms, "sms": bf.meta.get("sm_count")}
 
 
 def recorded_bwd_table(bf: BenchFile) -> Table:
@@ -370,12 +449,13 @@ def recorded_bwd_table(bf: BenchFile) -> Table:
     def fmt(x):
         return "not measured" if x is None else f"{x:.3f}"
     rows = []
-    for name, c in recorded_bwd_cases(bf).items():
+    cases = recorded_bwd_cases(bf)
+    for name, c in cases.items():
         ours = min([x for x in (c["plain"], c["dq_split"]) if x is not None], default=None)
         ideal = c["ideal_ms"]
-        rows.append([name, c["N"], c["H"], fmt(c["plain"]), fmt(c["dq_split"]), fmt(c["flex"]), fmt(ideal),
+        rows.append([name, c["N"], c["H"], fmt(c["plain"]), fmt(c["dq_split"]), flex_cell(c), fmt(ideal),
                      f"{ours / ideal:.2f}" if ours and ideal else "",
-                     f"{c['flex'] / ours:.2f}" if c["flex"] and ours else "not measured"])
+                     flex_ratio_cell(c, ours)])
     header = ["case", "N", "heads", "plain dQ (ms)", "split dQ (ms)", "FlexAttention (ms)", "ideal (ms)",
               "our faster / ideal", "FlexAttention / our faster"]
     empty = [j for j in range(len(header)) if rows and all(r[j] == "not measured" for r in rows)]
@@ -383,7 +463,7 @@ def recorded_bwd_table(bf: BenchFile) -> Table:
     note = _not_in_run(header, empty)
     return Table([header[j] for j in keep], [[r[j] for j in keep] for r in rows],
                  caption=f"Backward alone (from a kept forward), bf16, D=128; ideal = the backward's time per tile "
-                         f"on long equal rows x the case's tiles; {bf.caption()}{note}")
+                         f"on long equal rows x the case's tiles; {bf.caption()}{note}{flex_failures(cases)}")
 
 
 def recorded_bwd_figure(bf: BenchFile) -> go.Figure:
@@ -395,5 +475,6 @@ def recorded_bwd_figure(bf: BenchFile) -> go.Figure:
               ('split dQ pass', [c["dq_split"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "", None)]
     if any(c["flex"] is not None for c in cases.values()):
         series.append(("FlexAttention backward", [c["flex"] for c in cases.values()], COLORS[Impl.FLEX], "", None))
-    return _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 480,
-                            f"Backward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+    fig = _bars_with_ideal(labels, series, [c["ideal_ms"] for c in cases.values()], 480,
+                           f"Backward of the balance cases, bf16, D=128, B=1<br><sup>{bf.caption()}</sup>")
+    return _mark_flex_failures(fig, labels, cases)
