@@ -431,12 +431,14 @@ def bwd_near_ideal(bf: BenchFile, target: float = IDEAL_TARGET) -> dict:
 
 
 def ideal_calibration(bf: BenchFile, name: str, pass_: str = Pass.BWD) -> dict:
-    """How a case's ``ideal_ms`` was calibrated: the ``equal rows`` record of the same length and heads
-    (``N``, ``H``, ``rows`` = its listed tiles / its tiles per row, over all heads: one program per row,
+    """How a case's ``ideal_ms`` was calibrated: the ``equal rows`` record of the same length made for the
+    case's heads (``N``, ``H`` = the heads it ran, ``rows`` = its listed tiles / its tiles per row, over all heads: one program per row,
     ``tiles_per_row``, ``ms``), and ``sms`` from the file, so a page can say whether the calibration launch
     filled the GPU."""
     case = bf.one(Impl.OURS, pass_, case=name)
-    eq = bf.one(Impl.OURS, pass_, case="equal rows", N=case.case["N"], H=case.case["H"])
+    # the calibration may run more heads than the case (``for_heads``: the case's; records before that have none)
+    eq = next(r for r in bf.select(Impl.OURS, pass_, case="equal rows", N=case.case["N"])
+              if r.case.get("for_heads", r.case["H"]) == case.case["H"])
     per_row = eq.case.get("tiles_per_row", BB.EQUAL_ROW_TILES)
     return {"N": eq.case["N"], "H": eq.case["H"], "rows": eq.get("listed_tiles") // per_row,
             "tiles_per_row": per_row, "ms": eq.ms, "sms": bf.meta.get("sm_count")}
