@@ -30,8 +30,8 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None, 
     the mean column length, at least 8 -- and, when the launch is too small to fill the GPU, at most half of
     one SM's fair share of the listed tiles, ``programs`` = batch x KV heads copies of every item: at one head
     a causal column of 128 tiles would otherwise run alone for as long as the rest of the pass). Items are
-    ordered longest first. Items of split columns get a
-    workspace slot; their partial dK/dV are summed in a fixed order afterwards (deterministic).
+    ordered longest first. Items of split columns get a workspace slot; their partial dK/dV are summed in a
+    fixed order afterwards (deterministic).
 
     A dynamic layout gets :func:`dynamic_column_work` instead, rebuilt at every call (``chunk`` is ignored)."""
     if layout.dynamic:
