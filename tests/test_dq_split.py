@@ -150,5 +150,5 @@ def test_balance_bwd_suite_on_cpu(cpu_stand_ins):
         assert r.ms > 0 and r.get("dkdv_equal_plain") is True and r.get("bitwise_repeatable") is True
         assert r.get("max_abs_dq_vs_plain") < 1e-4 and r.get("dq_tasks") <= r.get("dq_capacity")
     assert bf.one(Impl.OURS_SPLIT, Pass.BWD, case="documents lognormal").get("dq_split_rows") > 0
-    assert {(r.case["N"], r.case["H"]) for r in bf.select(Impl.OURS, Pass.BWD, case="equal rows")} == \
+    assert {(r.case["N"], r.case["for_heads"]) for r in bf.select(Impl.OURS, Pass.BWD, case="equal rows")} == \
         {(512, 2), (128, 1)}

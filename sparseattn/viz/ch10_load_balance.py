@@ -307,6 +307,15 @@ def flex_ratio_cell(c: dict, ours: Optional[float]) -> str:
     return "Flex failed to compile" if c.get("flex_error") else "not measured"
 
 
+def suite_order(names) -> list:
+    """The distinct case names in the suite's order (:data:`sparseattn.bench.balance.CASES`; names it does not
+    know after them, in recording order): a file merged from several runs holds its cases in the order they
+    were measured."""
+    names = list(dict.fromkeys(names))
+    known = [n for n in BB.CASES if n in names]
+    return known + [n for n in names if n not in BB.CASES]
+
+
 def recorded_cases(bf: BenchFile) -> dict:
     """The recorded ``balance`` suite per case, in the suite's order: ``{case: {"N", "H", "plain", "persistent",
     "graph", "cudnn", "flex", "ideal_ms", "predicted_ms", "split": {split: record}}}``, times in ms (``None``
@@ -314,7 +323,7 @@ def recorded_cases(bf: BenchFile) -> dict:
     "flex_error": the first line of the error of a FlexAttention row that failed, else None). ``split`` holds the split grid's records
     ("auto", 16, 64), each with its ``chunk``, ``tasks``, ``merged_rows`` and ``predicted_ms``."""
     out = {}
-    for name in dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.FWD)):
+    for name in suite_order(r.case["case"] for r in bf.select(Impl.OURS, Pass.FWD)):
         if name == "equal rows":  # the ideal's calibration, not a case
             continue
         plain = bf.one(Impl.OURS, Pass.FWD, case=name)
@@ -403,7 +412,7 @@ def recorded_bwd_cases(bf: BenchFile) -> dict:
     "ideal_ms", "split_record"}}`` (backward ms; None where a row is missing or failed; "flex_error" as in
     :func:`recorded_cases`)."""
     out = {}
-    for name in dict.fromkeys(r.case["case"] for r in bf.select(Impl.OURS, Pass.BWD)):
+    for name in suite_order(r.case["case"] for r in bf.select(Impl.OURS, Pass.BWD)):
         if name == "equal rows":
             continue
         plain = bf.one(Impl.OURS, Pass.BWD, case=name)
