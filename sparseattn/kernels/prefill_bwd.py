@@ -38,13 +38,12 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, l
                 HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
                 HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
-                WARP_SPEC: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr):
     """Accumulate dK, dV ``[BN, D]`` of one key sub-tile over the query tiles at positions ``[lo, hi)`` of its
     column list ``COL_INDEX[col]``. Tiles are handled transposed (``[BN keys, BM queries]``) so dK and dV
     come out of the dots without a transpose."""
     SUB_M: tl.constexpr = BLOCK_Q // BLOCK_M
-    for it in tl.range(lo * SUB_M, hi * SUB_M, warp_specialize=WARP_SPEC):
+    for it in range(lo * SUB_M, hi * SUB_M):
         pos = it // SUB_M
         qi = tl.load(COL_INDEX + col * col_width + pos)
         m_start = qi * BLOCK_Q + (it % SUB_M) * BLOCK_M
@@ -109,7 +108,6 @@ def dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
 ):
     # ---- work item: key sub-tile, which chunk of its column, where the result goes --------------------------
     w = tl.program_id(0)
@@ -159,7 +157,7 @@ def dkdv_kernel(
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, True, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, WARP_SPEC)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA)
         b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, lse_base,
                                  delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, FULL_Q_INDEX, Q_SLOT, col, FWT,
@@ -168,7 +166,7 @@ def dkdv_kernel(
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, False, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, WARP_SPEC)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA)
 
     b_dk = b_dk * scale
     if ws_slot < 0:
@@ -192,12 +190,12 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, desc_k, desc_v, b, hkv, k_base, v
               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
               HAS_ROW_SLOT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr,
-              USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr):
+              USE_TMA: tl.constexpr):
     """Accumulate dQ ``[BM, D]`` over the key tiles listed at positions ``[lo, hi)`` of ``INDEX[row]``, clipped
     to the ``COUNT[row]`` tiles this head lists (a split task's range follows the longest head)."""
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
     n_tiles = tl.minimum(tl.load(COUNT + row), hi)
-    for it in tl.range(lo * SUB, n_tiles * SUB, warp_specialize=WARP_SPEC):
+    for it in range(lo * SUB, n_tiles * SUB):
         slot = it // SUB
         kb = tl.load(INDEX + row * width + slot)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
@@ -246,7 +244,6 @@ def dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -293,7 +290,7 @@ def dq_kernel(
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
-                     DOT_PRECISION, USE_FN, USE_TMA, WARP_SPEC)
+                     DOT_PRECISION, USE_FN, USE_TMA)
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, desc_k, desc_v, b, hkv, k_base, v_base, stride_kn, stride_vn,
                      FULL_COUNT, FULL_INDEX,
                      row, FW, tl.maximum(slot_lo - kv_n, 0), slot_hi - kv_n, offs_m_abs, row_in_tile, doc_q,
@@ -301,7 +298,7 @@ def dq_kernel(
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
-                     DOT_PRECISION, USE_FN, USE_TMA, WARP_SPEC)
+                     DOT_PRECISION, USE_FN, USE_TMA)
 
     dq_ptrs = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqm
     if SPLIT:

@@ -51,9 +51,8 @@ def _check_inputs(q, k, v, layout, scale, out, config, bwd_config):
                 isinstance(dq_split, bool) or not isinstance(dq_split, int) or dq_split < 1):
             raise ValueError(f"bwd_config: dq_split must be None (one program per dQ row), 'auto' or an int >= 1 "
                              f"(listed tiles per task), got {dq_split!r}")
-        for flag in ("overlap", "warp_specialize"):
-            if not isinstance(getattr(bwd_config, flag), bool):
-                raise ValueError(f"bwd_config: {flag} must be True or False, got {getattr(bwd_config, flag)!r}")
+        if not isinstance(bwd_config.overlap, bool):
+            raise ValueError(f"bwd_config: overlap must be True or False, got {bwd_config.overlap!r}")
         L.check_launch_options("bwd_config", bwd_config, dq_num_warps=bwd_config.dq_num_warps,
                                dq_num_stages=bwd_config.dq_num_stages)
     check_device(q)

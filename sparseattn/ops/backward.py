@@ -209,8 +209,7 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
                   **L.strides("do", do, "m"), **L.mask_kwargs(layout, B), Hq=Hq, group=heads["group"],
                   LB=layout.B, LH=layout.H, lh_div=heads["lh_div"], n_qtiles=layout.nq, W=layout.width,
                   Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale=scale, scale_log2=scale * LOG2E,
-                  HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k,
-                  WARP_SPEC=cfg.warp_specialize and not _runtime.is_interpreter())
+                  HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k)
     # the atomic path's float32 dQ accumulator is a contiguous [B, Hq, Lq, D] (no accumulator: strides 0)
     acc = (0, 0, 0) if deterministic else (Hq * Lq * D, Lq * D, D)
     dkdv = L.Static(**L.strides("dk", dk, "n"), **L.strides("dv", dv, "n"),

@@ -70,9 +70,7 @@ class BwdConfig:
     ``overlap`` (deterministic path, CUDA): the dQ pass runs on a side stream next to the dK/dV pass -- the
     two are independent once Δ is formed, so dQ programs take the SMs that the dK/dV pass's last programs leave
     idle (FlexAttention puts both kinds of program in one launch for the same reason). Outputs are the same bits
-    either way; False runs the passes back to back. ``warp_specialize`` as ``FwdConfig.warp_specialize``, in both
-    passes' tile loops (an experiment: Triton's producer/consumer split may move registers from the loads to
-    the dK/dV accumulators, which spill today)."""
+    either way; False runs the passes back to back."""
     block_m: int
     block_n: int
     dq_block_m: int
@@ -85,7 +83,6 @@ class BwdConfig:
     dq_num_stages: Optional[int] = None
     tma: Optional[bool] = None
     overlap: bool = True
-    warp_specialize: bool = False
 
     @property
     def dq_warps(self) -> int:
