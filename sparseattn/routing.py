@@ -309,8 +309,9 @@ def _fused_select(pooled, spec: RouteSpec, kernels: Optional[RouteKernels] = Non
         Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max, Hq=spec.Hq, Hkv=spec.Hkv, group=spec.group,
         LH=spec.LH, n_shared=spec.n_shared, scale=spec.scale, HEAD_DIM=spec.D, ROWS=rows,
         **_select_args(spec, lists, block_nk, zero_pad),
-        # [16, BLOCK_NK] rows of scores, keys and bisection state: 4 warps at 256 key blocks, 8 at 512
-        num_warps=max(1, min(8, block_nk // 64))), kn.fast_launch)
+        # [16, BLOCK_NK] rows of scores, key slices and bisection state: ptxas (sm_90, D=128) spills a few
+        # dozen bytes with these warps up to 256 key blocks, a few hundred at 512; 4 warps at 256 spill 3 KB
+        num_warps=2 if block_nk <= 64 else 4 if block_nk <= 128 else 8), kn.fast_launch)
     return lists
 
 

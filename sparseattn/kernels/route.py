@@ -107,14 +107,16 @@ def _pooled_scores(Q_PTR, q_offs, q_ok, K_MEAN, K_MIN, K_MAX, k_rows, k_ok, HEAD
     """Scores ``[R, C]`` of the query rows at ``Q_PTR + q_offs`` (``[R]`` element offsets, ``D`` contiguous
     values each, converted to fp32) against the pooled key blocks at ``k_rows`` ([C] row offsets into the
     pooled-key tables): the mean's dot product, or Quest's upper bound ``relu(q) . max + min(q, 0) . min``.
-    The dot runs over ``D`` in ``D_CHUNK`` slices accumulated in order: a ``[C, D_CHUNK]`` key slice is what
-    sits in registers, so a program can score every key block of a row at once (the fused select). On the
-    GPU an fp32 ieee dot is one FMA chain over ``D`` per element, so the slicing changes no bit there; every
-    caller that must agree bitwise (scores kernel, fused select) uses the same ``D_CHUNK``."""
+    The dot runs over ``D`` in ``D_CHUNK`` slices accumulated in order, in a loop that is not unrolled: one
+    ``[C, D_CHUNK]`` key slice sits in registers at a time, so a program can score every key block of a row
+    at once (the fused select; unrolled, or unsliced, ptxas spills kilobytes there at 256 key blocks). On
+    the GPU an fp32 ieee dot is one FMA chain over ``D`` per element, so the slicing changes no bit there;
+    the interpreter adds each slice's product separately, so every caller that must agree bitwise (scores
+    kernel, fused select) uses the same ``D_CHUNK``."""
     R: tl.constexpr = q_offs.shape[0]
     C: tl.constexpr = k_rows.shape[0]
     b_s = tl.zeros([R, C], tl.float32)
-    for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
+    for d0 in range(0, HEAD_DIM, D_CHUNK):
         offs_d = d0 + tl.arange(0, D_CHUNK)
         b_q = tl.load(Q_PTR + q_offs[:, None] + offs_d[None, :], mask=q_ok[:, None], other=0.0).to(tl.float32)
         ptr = k_rows[:, None] * HEAD_DIM + offs_d[None, :]  # [C, DC]
@@ -125,7 +127,7 @@ def _pooled_scores(Q_PTR, q_offs, q_ok, K_MEAN, K_MIN, K_MAX, k_rows, k_ok, HEAD
             b_k = tl.load(K_MEAN + ptr, mask=k_ok[:, None], other=0.0)
             b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision="ieee")
     if BOUND:
-        for d0 in tl.static_range(0, HEAD_DIM, D_CHUNK):
+        for d0 in range(0, HEAD_DIM, D_CHUNK):
             offs_d = d0 + tl.arange(0, D_CHUNK)
             b_q = tl.load(Q_PTR + q_offs[:, None] + offs_d[None, :], mask=q_ok[:, None], other=0.0).to(tl.float32)
             b_k = tl.load(K_MIN + k_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=k_ok[:, None], other=0.0)
