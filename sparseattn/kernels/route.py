@@ -109,10 +109,9 @@ def _pooled_scores(Q_PTR, q_offs, q_ok, K_MEAN, K_MIN, K_MAX, k_rows, k_ok, HEAD
     pooled-key tables): the mean's dot product, or Quest's upper bound ``relu(q) . max + min(q, 0) . min``.
     The dot runs over ``D`` in ``D_CHUNK`` slices accumulated in order, in a loop that is not unrolled: one
     ``[C, D_CHUNK]`` key slice sits in registers at a time, so a program can score every key block of a row
-    at once (the fused select; unrolled, or unsliced, ptxas spills kilobytes there at 256 key blocks). On
-    the GPU an fp32 ieee dot is one FMA chain over ``D`` per element, so the slicing changes no bit there;
-    the interpreter adds each slice's product separately, so every caller that must agree bitwise (scores
-    kernel, fused select) uses the same ``D_CHUNK``."""
+    at once (the fused select; unrolled, or unsliced, ptxas spills kilobytes there at 256 key blocks). The
+    slicing may change the rounding (the interpreter adds each slice's product separately), so every caller
+    that must agree bitwise (the scores kernel and the fused select) uses the same ``D_CHUNK``."""
     R: tl.constexpr = q_offs.shape[0]
     C: tl.constexpr = k_rows.shape[0]
     b_s = tl.zeros([R, C], tl.float32)
