@@ -16,6 +16,10 @@ launches (:mod:`sparseattn.kernels.route`, :mod:`sparseattn.kernels.transpose`):
    written ascending, split into tiles that cross the diagonal (partial, masked by ``causal``) and full tiles;
 4. transpose: the column lists the backward pass walks (one fused launch).
 
+With ``RouteKernels.fused_select`` (:data:`FUSED`) steps 2 and 3 are one launch: each select program scores
+its query blocks against every key block itself, so no score matrix goes through memory (up to
+:data:`FUSED_MAX_NK` key blocks; past that, the two launches).
+
 On the GPU every launch after the first of its kind skips Triton's argument binding
 (:mod:`sparseattn._fast_launch`): routing runs every step, so its host time is paid every step.
 :class:`RouteKernels` names these launch choices; :data:`FIRST` keeps the first version's for A/B timing.
@@ -51,7 +55,8 @@ from .paged import PagedKVCache, PageSelection, check_select_args
 _TOPK_BLOCK = 8192  # pages of one row kept in registers by the top-k kernel
 
 __all__ = ["page_bounds", "select_pages", "route", "select_blocks", "Selection", "block_scores", "selection_recall",
-           "SelectionRecall", "RouteKernels", "FIRST", "CURRENT", "FUSED", "route_kernels", "scores_grid"]
+           "SelectionRecall", "RouteKernels", "FIRST", "CURRENT", "FUSED", "FUSED_MAX_NK", "route_kernels",
+           "scores_grid", "fused_fits"]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -117,7 +122,7 @@ class RouteKernels(NamedTuple):
     """How :func:`route` launches its kernels (never what they compute: every choice gives the same
     selection, up to the rounding order of the pooled sums). :data:`CURRENT` is what ``route`` uses;
     :data:`FIRST` is the first version's launches, kept so that one benchmark run can time both in the same
-    process (:func:`route_kernels`)."""
+    process (:func:`route_kernels`); :data:`FUSED` is CURRENT with scores and select in one launch."""
     pool_sub: Optional[int]  # rows a pool load reads ([SUB, D]); None: the whole block in one load
     pool_blocks: int  # consecutive blocks a pool program reads (independent loads in flight)
     pool_row_acc: bool  # accumulate [SUB, D] element-wise and reduce once (else reduce every load)
@@ -142,7 +147,9 @@ CURRENT = RouteKernels(pool_sub=None, pool_blocks=2, pool_row_acc=False, pool_wa
 #: CURRENT with the scores computed inside the select kernel (one launch fewer, no score matrix); not the
 #: default until the GPU has timed it against CURRENT (the bench's ``ms_fused_kernels``)
 FUSED = CURRENT._replace(fused_select=True)
-FUSED_MAX_NK = 512  # key blocks a fused program scores and ranks at once: [16, 512] fp32 rows in registers
+#: the most key blocks the fused select takes (a program scores and ranks [16, 512] in registers; ptxas spills
+#: a few hundred bytes there at D = 128); past it, FUSED launches the scores kernel and the select kernel
+FUSED_MAX_NK = 512
 _KERNELS = [CURRENT]  # the choice in force (a one-element list: route_kernels swaps it)
 SCORES_MIN_PROGRAMS = 512  # about four programs per SM on a 132-SM GPU: split the scores grid up to this
 
@@ -377,8 +384,9 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k:
                   sinks: int = 1, share: str = "kv_head", pool: str = "mean", semantics: str = "block",
                   capacity: Optional[int] = None, member_topk: Optional[int] = None,
                   scale: Optional[float] = None) -> Selection:
-    """The selection step of :func:`route` alone (pool, scores, top-k, member bits: three or four launches),
-    without building the index; ``route(...)`` is ``select_blocks(...).to_layout()``."""
+    """The selection step of :func:`route` alone (pool, scores, top-k, member bits: three or four launches;
+    one fewer with :data:`FUSED`), without building the index; ``route(...)`` is
+    ``select_blocks(...).to_layout()``."""
     spec = check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics,
                        capacity, member_topk, scale)
     check_device(q, what="q (and k)")

@@ -23,6 +23,13 @@ block index. The chosen blocks are written ascending by a running prefix sum, sp
 cross the causal diagonal) and full tiles; no sort, no host sync, fixed widths; with ``ZERO_PAD`` the unused
 slots get 0 from the same program (no zero-filled buffers launched before it).
 
+``fused_select_kernel``: ``block_scores_kernel`` and ``select_kernel`` in one launch (one program per
+``ROWS`` = 16 query blocks on the GPU, the smallest dot M): the program scores its query blocks against every
+key block over every shared head with the scores kernel's own tile code (``_score_tile``), then selects with
+the select kernel's own body (``_select_rows``), so the lists are the same bit for bit and no score matrix is
+written or read. It needs a ``[16, BLOCK_NK]`` row block of scores in registers, so ``sparseattn.routing``
+uses it only up to ``FUSED_MAX_NK`` key blocks.
+
 ``member_kernel``: one program per (``BLOCK_M`` query rows, batch * layout head). Each row scores its query
 block's selected blocks against their pooled keys (the max over the shared heads), keeps the forced ones and
 its own ``member_topk`` best of the rest (ties: lower block), and writes one byte per (row, slot).
