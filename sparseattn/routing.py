@@ -16,6 +16,10 @@ launches (:mod:`sparseattn.kernels.route`, :mod:`sparseattn.kernels.transpose`):
    written ascending, split into tiles that cross the diagonal (partial, masked by ``causal``) and full tiles;
 4. transpose: the column lists the backward pass walks (one fused launch).
 
+With ``RouteKernels.fused_select`` (:data:`FUSED`) steps 2 and 3 are one launch: each select program scores
+its query blocks against every key block itself, so no score matrix goes through memory (up to
+:data:`FUSED_MAX_NK` key blocks; past that, the two launches).
+
 On the GPU every launch after the first of its kind skips Triton's argument binding
 (:mod:`sparseattn._fast_launch`): routing runs every step, so its host time is paid every step.
 :class:`RouteKernels` names these launch choices; :data:`FIRST` keeps the first version's for A/B timing.
@@ -51,7 +55,8 @@ from .paged import PagedKVCache, PageSelection, check_select_args
 _TOPK_BLOCK = 8192  # pages of one row kept in registers by the top-k kernel
 
 __all__ = ["page_bounds", "select_pages", "route", "select_blocks", "Selection", "block_scores", "selection_recall",
-           "SelectionRecall", "RouteKernels", "FIRST", "CURRENT", "route_kernels", "scores_grid"]
+           "SelectionRecall", "RouteKernels", "FIRST", "CURRENT", "FUSED", "FUSED_MAX_NK", "route_kernels",
+           "scores_grid", "fused_fits"]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -117,7 +122,7 @@ class RouteKernels(NamedTuple):
     """How :func:`route` launches its kernels (never what they compute: every choice gives the same
     selection, up to the rounding order of the pooled sums). :data:`CURRENT` is what ``route`` uses;
     :data:`FIRST` is the first version's launches, kept so that one benchmark run can time both in the same
-    process (:func:`route_kernels`)."""
+    process (:func:`route_kernels`); :data:`FUSED` is CURRENT with scores and select in one launch."""
     pool_sub: Optional[int]  # rows a pool load reads ([SUB, D]); None: the whole block in one load
     pool_blocks: int  # consecutive blocks a pool program reads (independent loads in flight)
     pool_row_acc: bool  # accumulate [SUB, D] element-wise and reduce once (else reduce every load)
@@ -126,6 +131,9 @@ class RouteKernels(NamedTuple):
     select_zero_pad: bool  # the select kernel zeroes the lists' padding (else two zero-filled buffers)
     fast_launch: bool  # on the GPU, launches skip Triton's argument binding after the first (sparseattn._fast_launch)
     index_checked: bool  # the index does not re-check route's own lists (BlockLayout._dynamic)
+    # scores and select in one launch (kernels.route.fused_select_kernel: no score matrix in memory) where the
+    # key blocks fit one program's registers (nk <= FUSED_MAX_NK); else the two launches
+    fused_select: bool = False
 
 
 #: the first version: one 128-row block a program in four dependent [32, D] loads (4 warps), a scores program
@@ -136,6 +144,12 @@ FIRST = RouteKernels(pool_sub=32, pool_blocks=1, pool_row_acc=False, pool_warps=
 #: pool's 4 warps: its recorded pool_choices, H200 2026-12-01, 0.088 ms vs 0.102 ms at 8 warps)
 CURRENT = RouteKernels(pool_sub=None, pool_blocks=2, pool_row_acc=False, pool_warps=4, scores_split=True,
                        select_zero_pad=True, fast_launch=True, index_checked=True)
+#: CURRENT with the scores computed inside the select kernel (one launch fewer, no score matrix); not the
+#: default until the GPU has timed it against CURRENT (the bench's ``ms_fused_kernels``)
+FUSED = CURRENT._replace(fused_select=True)
+#: the most key blocks the fused select takes (a program scores and ranks [16, 512] in registers; ptxas spills
+#: a few hundred bytes there at D = 128); past it, FUSED launches the scores kernel and the select kernel
+FUSED_MAX_NK = 512
 _KERNELS = [CURRENT]  # the choice in force (a one-element list: route_kernels swaps it)
 SCORES_MIN_PROGRAMS = 512  # about four programs per SM on a 132-SM GPU: split the scores grid up to this
 
@@ -222,19 +236,12 @@ def _scores(pooled, spec: RouteSpec, kernels: Optional[RouteKernels] = None) -> 
     return s[0] if s.shape[0] == 1 else s.amax(0)
 
 
-def _select(s: torch.Tensor, spec: RouteSpec, kernels: Optional[RouteKernels] = None):
-    """The chosen blocks of every query block as lists ``(kv_count, kv_index, full_count, full_index)`` of
-    widths ``spec.width`` / ``spec.full_width``, from scores ``[B, LH, nq, nk]`` or their head parts
-    ``[n_parts, B, LH, nq, nk]`` (the max over the parts is taken on load). One launch."""
-    from .kernels import BACKEND
-    from .kernels import route as K
+def _select_lists(spec: RouteSpec, block_nk: int, kn: RouteKernels, device):
+    """The select launch's outputs ``(kv_count, kv_index, full_count, full_index)`` (int32, widths
+    ``spec.width`` / ``spec.full_width``) and whether the kernel writes the lists' zero padding itself."""
     from ._tiles import INDEX_DTYPE
-    kn = _KERNELS[0] if kernels is None else kernels
-    if s.dim() == 4:
-        s = s.unsqueeze(0)
     B, LH, nq = spec.B, spec.LH, spec.nq
-    block_nk = max(16, 1 << (spec.nk - 1).bit_length())
-    i32 = dict(device=s.device, dtype=INDEX_DTYPE)
+    i32 = dict(device=device, dtype=INDEX_DTYPE)
     kv_count, full_count = torch.empty(B, LH, nq, **i32), torch.empty(B, LH, nq, **i32)
     # padding is never read; zeros keep the tables printable and comparable: written by the kernel itself
     # (widths never exceed nk <= BLOCK_NK), or by two fills in the first version
@@ -242,19 +249,77 @@ def _select(s: torch.Tensor, spec: RouteSpec, kernels: Optional[RouteKernels] = 
     alloc = torch.empty if zero_pad else torch.zeros
     kv_index = alloc(B, LH, nq, spec.width, **i32)
     full_index = alloc(B, LH, nq, spec.full_width, **i32)
+    return (kv_count, kv_index, full_count, full_index), zero_pad
+
+
+def _select_args(spec: RouteSpec, lists, block_nk: int, zero_pad: bool) -> dict:
+    """The launch arguments both select kernels share: outputs, sizes, the selection rule."""
+    kv_count, kv_index, full_count, full_index = lists
+    return dict(KV_COUNT=kv_count, KV_INDEX=kv_index, FULL_COUNT=full_count, FULL_INDEX=full_index,
+                nq=spec.nq, nk=spec.nk, Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, topk=spec.topk,
+                capacity=spec.capacity, local=spec.local, sinks=spec.sinks, threshold=spec.threshold,
+                W=spec.width, FW=spec.full_width, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk,
+                CAUSAL=spec.causal, MEMBER=spec.semantics == "member", ZERO_PAD=zero_pad)
+
+
+def _block_nk(spec: RouteSpec) -> int:
+    return max(16, 1 << (spec.nk - 1).bit_length())
+
+
+def _select(s: torch.Tensor, spec: RouteSpec, kernels: Optional[RouteKernels] = None):
+    """The chosen blocks of every query block as lists ``(kv_count, kv_index, full_count, full_index)`` of
+    widths ``spec.width`` / ``spec.full_width``, from scores ``[B, LH, nq, nk]`` or their head parts
+    ``[n_parts, B, LH, nq, nk]`` (the max over the parts is taken on load). One launch."""
+    from .kernels import BACKEND
+    from .kernels import route as K
+    kn = _KERNELS[0] if kernels is None else kernels
+    if s.dim() == 4:
+        s = s.unsqueeze(0)
+    nq = spec.nq
+    block_nk = _block_nk(spec)
+    lists, zero_pad = _select_lists(spec, block_nk, kn, s.device)
     # a GPU program takes one query block (a row of scores in registers); the interpreter takes many, since
     # it pays per operation, not per element
     rows = 1 if BACKEND != "interpreter" else min(1 << (nq - 1).bit_length(), max(1, (1 << 14) // block_nk))
-    launch_kernel(K.select_kernel, (-(-nq // rows), B * LH), dict(
-        S=s, KV_COUNT=kv_count, KV_INDEX=kv_index, FULL_COUNT=full_count, FULL_INDEX=full_index,
-        nq=nq, nk=spec.nk, Lq=spec.Lq, Lk=spec.Lk, q_offset=spec.q_offset, topk=spec.topk,
-        capacity=spec.capacity, local=spec.local, sinks=spec.sinks, threshold=spec.threshold,
-        W=spec.width, FW=spec.full_width, n_parts=s.shape[0], part_stride=s[0].numel(),
-        BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, BLOCK_NK=block_nk, ROWS=rows,
-        CAUSAL=spec.causal, MEMBER=spec.semantics == "member", ZERO_PAD=zero_pad,
+    launch_kernel(K.select_kernel, (-(-nq // rows), spec.B * spec.LH), dict(
+        S=s, n_parts=s.shape[0], part_stride=s[0].numel(), ROWS=rows, **_select_args(spec, lists, block_nk, zero_pad),
         # the 33 bisection steps each reduce the row: one warp keeps those reductions in shuffles up to 256 blocks
         num_warps=1 if block_nk <= 256 else 2 if block_nk <= 1024 else 4 if block_nk <= 4096 else 8), kn.fast_launch)
-    return kv_count, kv_index, full_count, full_index
+    return lists
+
+
+def fused_fits(spec: RouteSpec, kernels: Optional[RouteKernels] = None) -> bool:
+    """Whether :func:`route` takes the fused scores + select launch for ``spec``: asked for
+    (``fused_select``) and at most :data:`FUSED_MAX_NK` key blocks (a program holds ``[16, BLOCK_NK]`` scores,
+    keys and bisection state in registers). Member semantics fit too: the member bits need the lists and the
+    pooled keys, not the score matrix."""
+    kn = _KERNELS[0] if kernels is None else kernels
+    return kn.fused_select and _block_nk(spec) <= FUSED_MAX_NK
+
+
+def _fused_select(pooled, spec: RouteSpec, kernels: Optional[RouteKernels] = None):
+    """``_select(_score_parts(pooled, spec), spec)`` in one launch (``fused_select_kernel``): each program
+    scores its query blocks against every key block over every shared head and selects from the scores in
+    registers. The same lists, bit for bit: the scores come from the same ``_score_tile`` code (max over heads
+    is exact in any grouping), the selection from the same ``_select_rows``."""
+    from .kernels import BACKEND
+    from .kernels import route as K
+    kn = _KERNELS[0] if kernels is None else kernels
+    q_mean, k_mean, k_min, k_max = pooled
+    nq = spec.nq
+    block_nk = _block_nk(spec)
+    lists, zero_pad = _select_lists(spec, block_nk, kn, q_mean.device)
+    # 16 query blocks a program: the smallest tl.dot M on the GPU; the interpreter takes more (it pays per
+    # operation, not per element)
+    rows = 16 if BACKEND != "interpreter" else max(16, min(1 << (nq - 1).bit_length(), (1 << 14) // block_nk))
+    launch_kernel(K.fused_select_kernel, (-(-nq // rows), spec.B * spec.LH), dict(
+        Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max, Hq=spec.Hq, Hkv=spec.Hkv, group=spec.group,
+        LH=spec.LH, n_shared=spec.n_shared, scale=spec.scale, HEAD_DIM=spec.D, ROWS=rows,
+        **_select_args(spec, lists, block_nk, zero_pad),
+        # [16, BLOCK_NK] rows of scores, key slices and bisection state: ptxas (sm_90, D=128) spills a few
+        # dozen bytes with these warps up to 256 key blocks, a few hundred at 512; 4 warps at 256 spill 3 KB
+        num_warps=2 if block_nk <= 64 else 4 if block_nk <= 128 else 8), kn.fast_launch)
+    return lists
 
 
 def _member_bits(q: torch.Tensor, pooled, kv_count, kv_index, spec: RouteSpec) -> torch.Tensor:
@@ -319,14 +384,18 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k:
                   sinks: int = 1, share: str = "kv_head", pool: str = "mean", semantics: str = "block",
                   capacity: Optional[int] = None, member_topk: Optional[int] = None,
                   scale: Optional[float] = None) -> Selection:
-    """The selection step of :func:`route` alone (pool, scores, top-k, member bits: three or four launches),
-    without building the index; ``route(...)`` is ``select_blocks(...).to_layout()``."""
+    """The selection step of :func:`route` alone (pool, scores, top-k, member bits: three or four launches;
+    one fewer with :data:`FUSED`), without building the index; ``route(...)`` is
+    ``select_blocks(...).to_layout()``."""
     spec = check_route(q, k, block_q, block_k, topk, threshold, causal, local, sinks, share, pool, semantics,
                        capacity, member_topk, scale)
     check_device(q, what="q (and k)")
     q, k = _contiguous_rows(q), _contiguous_rows(k)
     pooled = _pool(q, k, spec)
-    kv_count, kv_index, full_count, full_index = _select(_score_parts(pooled, spec), spec)
+    if fused_fits(spec):
+        kv_count, kv_index, full_count, full_index = _fused_select(pooled, spec)
+    else:
+        kv_count, kv_index, full_count, full_index = _select(_score_parts(pooled, spec), spec)
     row_slot = _member_bits(q, pooled, kv_count, kv_index, spec) if semantics == "member" else None
     if semantics == "member":
         mask_mod = P.causal() if causal else P.full()

@@ -642,11 +642,17 @@ def test_routing_suite_on_cpu(cpu_stand_ins, tmp_path):
     assert route_main.get("kernels")["scores_split"] is True
     for name in ("current", "first"):
         assert all(route_main.get(f"terms_{name}")[t] > 0 for t in ("pool", "scores", "select"))
+    # the fused scores + select (routing.FUSED) beside them: route, its terms, its profile, the same lists
+    assert route_main.get("ms_fused_kernels") > 0 and route_main.get("fused_fits") is True
+    assert route_main.get("fused_equals_current") is True
+    assert all(route_main.get("terms_fused")[t] > 0 for t in ("pool", "fused_select"))
+    for name in ("current", "first", "fused"):
         prof = route_main.get(f"profile_{name}")
         assert set(prof["buckets"]) == {"route", "index", "kernel", "launch"} and prof["wall_ms"] > 0
     assert len(route_main.get("pool_choices")) == len(R.POOL_CHOICES)
     assert all(c["ms"] > 0 and c["tbps"] > 0 for c in route_main.get("pool_choices"))
-    assert all(r.get("ms_first_kernels") > 0 for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1))
+    assert all(r.get("ms_first_kernels") > 0 and r.get("ms_fused_kernels") > 0
+               for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1))
     assert bf.one(Impl.OURS, Pass.STEP_GRAPH, **main).get("graph_equals_eager") is True
     assert bf.one(Impl.OURS, Pass.TRAIN_STEP_GRAPH, **main).get("graph_equals_eager") is True
     assert bf.distinct("N", impl=Impl.FLEX, pass_=Pass.STEP) == [64]

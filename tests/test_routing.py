@@ -60,10 +60,18 @@ def _poisoned_empty(monkeypatch):
 # accumulation, three blocks a program (not a divisor of the block count), unsplit scores, Triton's own binding
 OTHER = routing.RouteKernels(pool_sub=16, pool_blocks=3, pool_row_acc=True, pool_warps=4, scores_split=False,
                              select_zero_pad=True, fast_launch=False, index_checked=True)
-KERNELS = {"current": routing.CURRENT, "first": routing.FIRST, "other": OTHER}
+KERNELS = {"current": routing.CURRENT, "first": routing.FIRST, "other": OTHER, "fused": routing.FUSED}
 
 
-@pytest.mark.parametrize("share,pool,semantics,causal,kernels", [(*c, "current") for c in CONFIGS]
+def _no_score_matrix(monkeypatch):
+    """Make the two-kernel path (score matrix, then select) fail: a test that means the fused launch shows
+    that it ran."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused path must not build a score matrix")
+    monkeypatch.setattr(routing, "_score_parts", refuse)
+
+
+@pytest.mark.parametrize("share,pool,semantics,causal,kernels", [(*c, kn) for c in CONFIGS for kn in ("current", "fused")]
                          + [(*c, kn) for c in CONFIGS[:4] for kn in ("first", "other")])
 def test_route_equals_reference(share, pool, semantics, causal, kernels, monkeypatch):
     n = CONFIGS.index((share, pool, semantics, causal))
@@ -72,6 +80,8 @@ def test_route_equals_reference(share, pool, semantics, causal, kernels, monkeyp
               member_topk=2 if semantics == "member" else None)
     want = route_reference(q, k, 32, 16, **kw)
     _poisoned_empty(monkeypatch)  # every buffer route allocates starts as garbage: the kernels write it all
+    if KERNELS[kernels].fused_select:
+        _no_score_matrix(monkeypatch)
     with routing.route_kernels(KERNELS[kernels]):
         got = route(q, k, 32, 16, **kw)
     assert_same_layout(got, want)
@@ -110,7 +120,8 @@ def test_block_scores_equal_reference():
 
 
 @pytest.mark.parametrize("share,pool,semantics,kernels", [("all", "mean", "block", "current"),
-                                                          ("all", "bound", "block", "first")])
+                                                          ("all", "bound", "block", "first"),
+                                                          ("all", "mean", "member", "fused")])
 def test_many_key_blocks_on_poisoned_buffers(kernels, share, pool, semantics, monkeypatch):
     """More than one 64-block column range (nk = 65), a 16-query-block group that cannot see the second range
     (the split scores grid skips that GEMM), the shared heads in parts, clipped last blocks, and every
@@ -191,6 +202,63 @@ def test_route_kernels_switch_is_scoped_and_checked():
     assert routing._KERNELS[0] is routing.CURRENT
 
 
+# the fused scores + select launch: every selection rule, ragged shapes, several D slices, against the two launches
+FUSED_CASES = [
+    dict(topk=3),
+    dict(topk=2, threshold=0.6, share="none", D=64),  # two D slices of the pooled dot
+    dict(threshold=0.9, pool="bound", share="all", D=128, Hq=4, Hkv=1),  # four slices, bound, every head
+    dict(topk=4, capacity=5, local=3, sinks=0, causal=False, B=2),
+    dict(topk=1, local=0, sinks=2, Lq=37, Lk=141, bq=16, bk=32),  # queries are the last 37 positions: q_offset
+    dict(topk=2, semantics="member", member_topk=1, pool="bound", Lq=100, Lk=100, bq=64, bk=16),  # clipped blocks
+    dict(threshold=0.5, topk=3, semantics="member", member_topk=2, share="none", causal=False, Lq=50, Lk=90),
+    dict(topk=5, Lq=1, Lk=70),  # one query row
+]
+
+
+@pytest.mark.parametrize("case", range(len(FUSED_CASES)))
+def test_fused_select_equals_the_two_launches(case, monkeypatch):
+    """FUSED (scores computed inside the select program, no score matrix) gives the very lists and member bits
+    of CURRENT (scores kernel, then select) and of the eager reference, on poisoned buffers."""
+    kw = dict(FUSED_CASES[case])
+    shape = {n: kw.pop(n) for n in ("B", "Hq", "Hkv", "Lq", "Lk", "D", "bq", "bk") if n in kw}
+    bq, bk = shape.pop("bq", 16), shape.pop("bk", 16)
+    q, k = qk(**{"Lq": 64, "Lk": 80, **shape}, seed=30 + case)
+    want = route_reference(q, k, bq, bk, **kw)
+    _poisoned_empty(monkeypatch)
+    two = route(q, k, bq, bk, **kw)
+    spec = routing.check_route(q, k, bq, bk, kw.get("topk"), kw.get("threshold"), kw.get("causal", True),
+                               kw.get("local", 1), kw.get("sinks", 1), kw.get("share", "kv_head"),
+                               kw.get("pool", "mean"), kw.get("semantics", "block"), kw.get("capacity"),
+                               kw.get("member_topk"), None)
+    assert routing.fused_fits(spec, routing.FUSED) and not routing.fused_fits(spec)
+    _no_score_matrix(monkeypatch)
+    with routing.route_kernels(routing.FUSED):
+        fused = route(q, k, bq, bk, **kw)
+    assert_same_layout(fused, two)
+    assert_same_layout(fused, want)
+
+
+def test_fused_select_falls_back_past_its_key_block_limit(monkeypatch):
+    """Past FUSED_MAX_NK key blocks (a row of scores no longer fits one program's registers) FUSED launches the
+    scores kernel and the select kernel, and the result is still the reference's."""
+    from types import SimpleNamespace
+    assert routing.FUSED == routing.CURRENT._replace(fused_select=True)
+    assert not routing.CURRENT.fused_select and not routing.FIRST.fused_select  # the default stays two launches
+    assert routing.fused_fits(SimpleNamespace(nk=routing.FUSED_MAX_NK), routing.FUSED)
+    assert not routing.fused_fits(SimpleNamespace(nk=routing.FUSED_MAX_NK + 1), routing.FUSED)
+    calls = []
+    real = routing._fused_select
+    monkeypatch.setattr(routing, "_fused_select", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(routing, "FUSED_MAX_NK", 16)  # a cheap shape past the limit: 20 key blocks
+    q, k = qk(Lq=64, Lk=320, D=16, seed=40)
+    for Lk, fused in ((256, True), (320, False)):  # 16 key blocks fit, 20 do not
+        with routing.route_kernels(routing.FUSED):
+            got = route(q, k[:, :, :Lk], 16, 16, topk=3, threshold=0.8)
+        assert len(calls) == fused, (Lk, calls)
+        calls.clear()
+        assert_same_layout(got, route_reference(q, k[:, :, :Lk], 16, 16, topk=3, threshold=0.8))
+
+
 def test_ties_go_to_the_lower_block():
     """Identical key blocks score exactly alike: the lowest visible non-forced blocks win."""
     q = torch.randn(1, 1, 128, 16)
@@ -225,13 +293,14 @@ def test_shared_selection_equals_per_head_routing_when_heads_are_identical():
 @given(Lq=st.integers(1, 120), extra=st.integers(0, 60), bq=st.sampled_from([16, 32]), bk=st.sampled_from([16, 32]),
        topk=st.integers(0, 6), local=st.integers(0, 3), sinks=st.integers(0, 2), causal=st.booleans(),
        semantics=st.sampled_from(["block", "member"]), threshold=st.sampled_from([None, 0.5, 0.95]),
-       seed=st.integers(0, 2**16))
-def test_routing_invariants(Lq, extra, bq, bk, topk, local, sinks, causal, semantics, threshold, seed):
+       fused=st.booleans(), seed=st.integers(0, 2**16))
+def test_routing_invariants(Lq, extra, bq, bk, topk, local, sinks, causal, semantics, threshold, fused, seed):
     Lk = Lq + extra
     q, k = qk(Lq=Lq, Lk=Lk, D=16, seed=seed)
     member_topk = 1 if semantics == "member" else None
-    lay = route(q, k, bq, bk, topk=topk, threshold=threshold, local=local, sinks=sinks, causal=causal,
-                semantics=semantics, member_topk=member_topk)
+    with routing.route_kernels(routing.FUSED if fused else routing.CURRENT):
+        lay = route(q, k, bq, bk, topk=topk, threshold=threshold, local=local, sinks=sinks, causal=causal,
+                    semantics=semantics, member_topk=member_topk)
     # the trusted lists obey every rule the validating constructor checks (ascending, unique, in range, ...)
     BlockLayout.from_lists(*(getattr(lay, n) for n in LISTS), q_len=Lq, kv_len=Lk, block_q=bq, block_k=bk,
                            mask_mod=lay.mask_mod, row_slot=lay.row_slot)

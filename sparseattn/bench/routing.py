@@ -28,7 +28,7 @@ import torch
 
 from .. import patterns as P
 from ..ops import routed_attention, sparse_attention
-from ..routing import FIRST, route, route_kernels, select_blocks, selection_recall
+from ..routing import FIRST, FUSED, route, route_kernels, select_blocks, selection_recall
 from . import _common as C
 from .record import Impl, Pass, Record
 
@@ -43,7 +43,7 @@ REUSE_HKV = 4  # GQA: 16 query heads on 4 KV heads for the head-sharing rows
 DRIFTS = [0.1, 0.3, 0.5]  # stale selections: routed on inputs with this share of fresh noise mixed in
 RECALL_ROWS = 512  # sampled query rows per recall
 TOPICS, CONTRAST = 64, 5.5  # synthetic inputs: topic directions, logit gap of a matching key
-COLUMNS = ["N", "topk", "route", "route_again", "route_first", "index", "index_first", "transpose", "fwd", "step",
+COLUMNS = ["N", "topk", "route", "route_again", "route_first", "route_fused", "index", "index_first", "transpose", "fwd", "step",
            "step_graph", "overhead", "flex_route", "flex_index", "flex_fwd", "flex_step", "flex_step_graph", "speedup",
            "eager_speedup", "train_graph", "flex_train", "train_speedup", "cudnn_causal", "recall"]
 
@@ -219,6 +219,7 @@ def _case(args, N: int, topk: int, full: bool, records: list) -> dict:
     _record(records, case, Impl.OURS, Pass.INDEX, ms_index, errors, "index", **index_extra)
     if full:
         row.update(route_again=_fmt(route_extra["ms_again"], 4), route_first=_fmt(route_extra["ms_first_kernels"], 4),
+                   route_fused=_fmt(route_extra["ms_fused_kernels"], 4),
                    index_first=_fmt(index_extra["ms_first_kernels"], 4))
     if full:  # the fused transpose alone (the issue's target: <= 0.2 ms at N = 32k)
         ms_t = _timed(lambda: layout.transpose_fixed(layout.nq), "transpose", errors)
@@ -258,7 +259,7 @@ def _case(args, N: int, topk: int, full: bool, records: list) -> dict:
 
 
 # device kernels of a route (select_blocks) and of its index (Selection.to_layout), by name, for profile_step
-ROUTE_KERNELS = (r"pool_kernel", r"block_scores_kernel", r"select_kernel", r"member_kernel")
+ROUTE_KERNELS = (r"pool_kernel", r"block_scores_kernel", r"select_kernel", r"fused_select_kernel", r"member_kernel")
 INDEX_KERNELS = (r"transpose_kernel",)
 #: pooling launch choices timed alone at the main shape: (rows a load (None: the block), blocks a program,
 #: element-wise accumulation, warps); the first is the first version's, the second the current default
@@ -281,22 +282,34 @@ def _route_profile(fn, errors: dict, what: str) -> Optional[dict]:
 def _route_ab(q, k, kw: dict, sel, route_extra: dict, index_extra: dict, errors: dict) -> None:
     """At the main shape: route and index with the first version's launches (``routing.FIRST``) beside the
     current ones, each term alone (pool, scores, select), pooling under several launch choices, and a
-    ``torch.profiler`` split of both versions by kernel (device time per kernel, no host time)."""
+    ``torch.profiler`` split of both versions by kernel (device time per kernel, no host time). The fused
+    scores + select (``routing.FUSED``): its route (``ms_fused_kernels``), its terms (pool, fused_select)
+    and its profile, beside the same rows of CURRENT."""
     from .. import routing as R
     spec = R.check_route(q, k, kw["block_q"], kw["block_k"], kw["topk"], None, True, kw["local"], kw["sinks"],
                          kw["share"], "mean", "block", None, None, None)
     route_extra["kernels"] = R.CURRENT._asdict()
-    for name, kn in (("current", R.CURRENT), ("first", R.FIRST)):
+    for name, kn in (("current", R.CURRENT), ("first", R.FIRST), ("fused", R.FUSED)):
         with R.route_kernels(kn):
+            if name != "current":
+                route_extra[f"ms_{name}_kernels"] = _timed(lambda: select_blocks(q, k, **kw), f"route {name}", errors)
             if name == "first":
-                route_extra["ms_first_kernels"] = _timed(lambda: select_blocks(q, k, **kw), "route first", errors)
                 index_extra["ms_first_kernels"] = _timed(sel.to_layout, "index first", errors)
             pooled = R._pool(q, k, spec)
-            parts = R._score_parts(pooled, spec)
-            route_extra[f"terms_{name}"] = {
-                "pool": _timed(lambda: R._pool(q, k, spec), f"pool {name}", errors),
-                "scores": _timed(lambda: R._score_parts(pooled, spec), f"scores {name}", errors),
-                "select": _timed(lambda: R._select(parts, spec), f"select {name}", errors)}
+            terms = {"pool": _timed(lambda: R._pool(q, k, spec), f"pool {name}", errors)}
+            if name == "fused":
+                # whether FUSED launched the fused kernel at this shape (else it took the two launches), and
+                # whether its lists are CURRENT's bit for bit (the CPU tests' claim, checked at this size)
+                route_extra["fused_fits"] = R.fused_fits(spec)
+                route_extra["fused_equals_current"] = all(
+                    bool(torch.equal(a, b)) for a, b in zip(select_blocks(q, k, **kw)[:4], sel[:4]))
+                terms["fused_select"] = (_timed(lambda: R._fused_select(pooled, spec), "fused select", errors)
+                                         if route_extra["fused_fits"] else None)
+            else:
+                parts = R._score_parts(pooled, spec)
+                terms["scores"] = _timed(lambda: R._score_parts(pooled, spec), f"scores {name}", errors)
+                terms["select"] = _timed(lambda: R._select(parts, spec), f"select {name}", errors)
+            route_extra[f"terms_{name}"] = terms
             route_extra[f"profile_{name}"] = _route_profile(lambda: select_blocks(q, k, **kw).to_layout(), errors,
                                                            f"profile {name}")
     pool_rows = []
@@ -409,16 +422,18 @@ def _reuse(args, records: list, table: list) -> None:
         ms_route = _timed(lambda: select_blocks(q, k, **kw), "route", errors)
         with route_kernels(FIRST):  # the first version's launches (share="all": 16 scores programs)
             ms_first = _timed(lambda: select_blocks(q, k, **kw), "route first", errors)
+        with route_kernels(FUSED):  # scores inside the select program (share="all": a program loops 16 heads)
+            ms_fused = _timed(lambda: select_blocks(q, k, **kw), "route fused", errors)
         ms_graph = None
         graph, _ = _graph(lambda: sparse_attention(q, k, v, route(q, k, **kw)), "step graph", errors)
         if graph is not None:
             ms_graph = _timed(graph.replay, "step graph", errors)
         recall = selection_recall(q, k, layout, sample=RECALL_ROWS).mean()
         _record(records, case, Impl.OURS, Pass.ROUTE, ms_route, errors, "route", recall=recall,
-                layout_heads=layout.H, ms_first_kernels=ms_first)
+                layout_heads=layout.H, ms_first_kernels=ms_first, ms_fused_kernels=ms_fused)
         _record(records, case, Impl.OURS, Pass.STEP_GRAPH, ms_graph, errors, "step graph")
         table.append({"N": MAIN_N, "topk": f"{TOPK} share={share}", "route": _fmt(ms_route, 4),
-                      "route_first": _fmt(ms_first, 4),
+                      "route_first": _fmt(ms_first, 4), "route_fused": _fmt(ms_fused, 4),
                       "step_graph": _fmt(ms_graph), "recall": round(recall, 3)})
 
 

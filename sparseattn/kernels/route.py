@@ -23,6 +23,13 @@ block index. The chosen blocks are written ascending by a running prefix sum, sp
 cross the causal diagonal) and full tiles; no sort, no host sync, fixed widths; with ``ZERO_PAD`` the unused
 slots get 0 from the same program (no zero-filled buffers launched before it).
 
+``fused_select_kernel``: ``block_scores_kernel`` and ``select_kernel`` in one launch (one program per
+``ROWS`` = 16 query blocks on the GPU, the smallest dot M): the program scores its query blocks against every
+key block over every shared head with the scores kernel's own tile code (``_score_tile``), then selects with
+the select kernel's own body (``_select_rows``), so the lists are the same bit for bit and no score matrix is
+written or read. It needs a ``[16, BLOCK_NK]`` row block of scores in registers, so ``sparseattn.routing``
+uses it only up to ``FUSED_MAX_NK`` key blocks.
+
 ``member_kernel``: one program per (``BLOCK_M`` query rows, batch * layout head). Each row scores its query
 block's selected blocks against their pooled keys (the max over the shared heads), keeps the forced ones and
 its own ``member_topk`` best of the rest (ties: lower block), and writes one byte per (row, slot).
@@ -102,21 +109,65 @@ def pool_kernel(
 
 
 @triton.jit
-def _pooled_scores(b_qp, K_MEAN, K_MIN, K_MAX, k_rows, k_ok, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr):
-    """Scores ``[R, C]`` of pooled queries ``b_qp [R, D]`` (fp32) against the pooled key blocks at ``k_rows``
-    ([C] row offsets into the pooled-key tables): the mean's dot product, or Quest's upper bound
-    ``relu(q) . max + min(q, 0) . min``."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    ptr = k_rows[:, None] * HEAD_DIM + offs_d[None, :]  # [C, D]
+def _pooled_scores(Q_PTR, q_offs, q_ok, K_MEAN, K_MIN, K_MAX, k_rows, k_ok, HEAD_DIM: tl.constexpr,
+                   D_CHUNK: tl.constexpr, BOUND: tl.constexpr):
+    """Scores ``[R, C]`` of the query rows at ``Q_PTR + q_offs`` (``[R]`` element offsets, ``D`` contiguous
+    values each, converted to fp32) against the pooled key blocks at ``k_rows`` ([C] row offsets into the
+    pooled-key tables): the mean's dot product, or Quest's upper bound ``relu(q) . max + min(q, 0) . min``.
+    The dot runs over ``D`` in ``D_CHUNK`` slices accumulated in order, in a loop that is not unrolled: one
+    ``[C, D_CHUNK]`` key slice sits in registers at a time, so a program can score every key block of a row
+    at once (the fused select; unrolled, or unsliced, ptxas spills kilobytes there at 256 key blocks). The
+    slicing may change the rounding (the interpreter adds each slice's product separately), so every caller
+    that must agree bitwise (the scores kernel and the fused select) uses the same ``D_CHUNK``."""
+    R: tl.constexpr = q_offs.shape[0]
+    C: tl.constexpr = k_rows.shape[0]
+    b_s = tl.zeros([R, C], tl.float32)
+    for d0 in range(0, HEAD_DIM, D_CHUNK):
+        offs_d = d0 + tl.arange(0, D_CHUNK)
+        b_q = tl.load(Q_PTR + q_offs[:, None] + offs_d[None, :], mask=q_ok[:, None], other=0.0).to(tl.float32)
+        ptr = k_rows[:, None] * HEAD_DIM + offs_d[None, :]  # [C, DC]
+        if BOUND:  # the relu(q) . max half first, over every slice: the FMA order of one whole-D dot
+            b_k = tl.load(K_MAX + ptr, mask=k_ok[:, None], other=0.0)
+            b_s = tl.dot(tl.maximum(b_q, 0.0), tl.trans(b_k), b_s, input_precision="ieee")
+        else:
+            b_k = tl.load(K_MEAN + ptr, mask=k_ok[:, None], other=0.0)
+            b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision="ieee")
     if BOUND:
-        b_kmax = tl.load(K_MAX + ptr, mask=k_ok[:, None], other=0.0)
-        b_kmin = tl.load(K_MIN + ptr, mask=k_ok[:, None], other=0.0)
-        b_s = tl.dot(tl.maximum(b_qp, 0.0), tl.trans(b_kmax), input_precision="ieee")
-        b_s = tl.dot(tl.minimum(b_qp, 0.0), tl.trans(b_kmin), b_s, input_precision="ieee")
-    else:
-        b_kp = tl.load(K_MEAN + ptr, mask=k_ok[:, None], other=0.0)
-        b_s = tl.dot(b_qp, tl.trans(b_kp), input_precision="ieee")
+        for d0 in range(0, HEAD_DIM, D_CHUNK):
+            offs_d = d0 + tl.arange(0, D_CHUNK)
+            b_q = tl.load(Q_PTR + q_offs[:, None] + offs_d[None, :], mask=q_ok[:, None], other=0.0).to(tl.float32)
+            b_k = tl.load(K_MIN + k_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=k_ok[:, None], other=0.0)
+            b_s = tl.dot(tl.minimum(b_q, 0.0), tl.trans(b_k), b_s, input_precision="ieee")
     return b_s
+
+
+@triton.jit
+def _score_tile(Q_MEAN, K_MEAN, K_MIN, K_MAX, b, lh, offs_r, r_ok, offs_c, c_ok, g_begin, g_end,
+                Hq, Hkv, group, n_shared, nq, nk, Lq, q_offset, scale,
+                HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+                BOUND: tl.constexpr):
+    """Block scores ``[R, C]`` of query blocks ``offs_r`` against key blocks ``offs_c`` for one selection
+    (batch ``b``, layout head ``lh``): the max of the pooled scores over its shared query heads
+    ``g_begin .. g_end - 1``, times the softmax scale; -inf where the key block is out of range (``c_ok``) or,
+    with ``CAUSAL``, starts after the query block's last position. The one scoring code of both the scores
+    kernel (one column chunk, one part of the heads) and the fused select (every key block, every head)."""
+    R: tl.constexpr = offs_r.shape[0]
+    C: tl.constexpr = offs_c.shape[0]
+    # the dot's slice of D: a [C, 32] fp32 key slice in registers (see _pooled_scores)
+    D_CHUNK: tl.constexpr = 32 if HEAD_DIM > 32 else HEAD_DIM
+    b_s = tl.full([R, C], float("-inf"), tl.float32)
+    for g in range(g_begin, g_end):  # the query heads that share this selection: their max
+        hq = lh * n_shared + g
+        hkv = hq // group
+        q_rows = (b * Hq + hq).to(tl.int64) * nq + offs_r  # [R]
+        k_rows = (b * Hkv + hkv).to(tl.int64) * nk + offs_c  # [C]
+        b_s = tl.maximum(b_s, _pooled_scores(Q_MEAN, q_rows * HEAD_DIM, r_ok, K_MEAN, K_MIN, K_MAX, k_rows, c_ok,
+                                             HEAD_DIM, D_CHUNK, BOUND))
+    visible = c_ok[None, :]
+    if CAUSAL:  # a key block is visible if its first key is not after the query block's last position
+        q_last = tl.minimum((offs_r + 1) * BLOCK_Q, Lq) - 1 + q_offset  # [R]
+        visible = visible & (offs_c[None, :] * BLOCK_K <= q_last[:, None])
+    return tl.where(visible, b_s * scale, float("-inf"))  # [R, C]
 
 
 @triton.jit
@@ -155,7 +206,6 @@ def block_scores_kernel(
     lh = blh % LH
     offs_r = rb * BLOCK_R + tl.arange(0, BLOCK_R)  # [R] query blocks
     r_ok = offs_r < nq
-    offs_d = tl.arange(0, HEAD_DIM)
     q_last = tl.minimum((offs_r + 1) * BLOCK_Q, Lq) - 1 + q_offset  # [R] last position of each query block
     # the last key position any of these query blocks can see: key chunks starting after it are all -inf
     last_seen = tl.max(tl.where(r_ok, q_last, 0))
@@ -165,22 +215,13 @@ def block_scores_kernel(
     for c0 in range(c_begin, c_end, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)  # [C] key blocks
         c_ok = offs_c < c_end
-        b_s = tl.full([BLOCK_R, BLOCK_C], float("-inf"), tl.float32)
         g_begin = part * heads_per_part
         g_end = tl.minimum(g_begin + heads_per_part, n_shared)
         if SKIP_HIDDEN and CAUSAL:  # a chunk that starts after every row's last position: no GEMM, only -inf
             g_end = tl.where(c0 * BLOCK_K > last_seen, g_begin, g_end)
-        for g in range(g_begin, g_end):  # the query heads that share this selection: their max
-            hq = lh * n_shared + g
-            hkv = hq // group
-            q_rows = (b * Hq + hq).to(tl.int64) * nq + offs_r  # [R]
-            b_qp = tl.load(Q_MEAN + q_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=r_ok[:, None], other=0.0)
-            k_rows = (b * Hkv + hkv).to(tl.int64) * nk + offs_c  # [C]
-            b_s = tl.maximum(b_s, _pooled_scores(b_qp, K_MEAN, K_MIN, K_MAX, k_rows, c_ok, HEAD_DIM, BOUND))
-        visible = c_ok[None, :]
-        if CAUSAL:  # a key block is visible if its first key is not after the query block's last position
-            visible = visible & (offs_c[None, :] * BLOCK_K <= q_last[:, None])
-        b_s = tl.where(visible, b_s * scale, float("-inf"))  # [R, C]
+        b_s = _score_tile(Q_MEAN, K_MEAN, K_MIN, K_MAX, b, lh, offs_r, r_ok, offs_c, c_ok, g_begin, g_end,
+                          Hq, Hkv, group, n_shared, nq, nk, Lq, q_offset, scale,
+                          HEAD_DIM, BLOCK_Q, BLOCK_K, CAUSAL, BOUND)  # [R, C]
         out = (blh.to(tl.int64) * nq + offs_r[:, None]) * nk + offs_c[None, :]
         tl.store(S_PART + out, b_s, mask=r_ok[:, None] & c_ok[None, :])
 
@@ -270,6 +311,40 @@ def _write_ascending(take, offs, OUT_INDEX, rows, width, r_ok, ZERO_PAD: tl.cons
     return n
 
 
+@triton.jit
+def _select_rows(b_s, i, r_ok, rows, offs, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
+                 nk, Lq, Lk, q_offset, topk, capacity, local, sinks, threshold, W, FW,
+                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, MEMBER: tl.constexpr,
+                 HAS_THRESHOLD: tl.constexpr, ZERO_PAD: tl.constexpr):
+    """The selection of query blocks ``i [R]`` from their scores ``b_s [R, NK]`` (-inf: not visible; key
+    blocks ``offs [NK]``): forced blocks, the top-k / threshold rule, the lists written ascending (partial and
+    full tiles, or every tile partial for ``MEMBER``) at list rows ``rows [R]`` and their counts."""
+    R: tl.constexpr = b_s.shape[0]
+    visible = b_s > float("-inf")  # the scores wrote -inf where the block cannot be seen
+    j = offs[None, :]
+    forced = visible & forced_blocks(j, i[:, None], Lq, q_offset, nk, local, sinks, BLOCK_Q, BLOCK_K)
+    cand = visible & (forced == 0)
+    n_cand = tl.sum(cand.to(tl.int32), 1)
+    k = tl.minimum(tl.minimum(topk, capacity - tl.sum(forced.to(tl.int32), 1)), n_cand)  # [R]
+    b_key = _sort_key(b_s)
+    if HAS_THRESHOLD:
+        k = tl.minimum(k, _mass_count(b_s, b_key, visible, forced, cand, n_cand, threshold))
+    take = forced | _top_k(b_key, cand, k)  # every candidate above the k-th score; ties in block order
+    if MEMBER:  # every tile is masked: the member bits decide per row
+        n_partial = _write_ascending(take, offs, KV_INDEX, rows, W, r_ok, ZERO_PAD)
+        n_full = tl.zeros([R], tl.int32)
+        if ZERO_PAD:  # the (unused) full list of a member selection: zeros
+            _write_ascending(take & (j < 0), offs, FULL_INDEX, rows, FW, r_ok, ZERO_PAD)
+    else:
+        full = take
+        if CAUSAL:  # full: the block's last key (clipped) is not after the query block's first position
+            full = take & (tl.minimum((j + 1) * BLOCK_K, Lk) - 1 <= (i * BLOCK_Q + q_offset)[:, None])
+        n_partial = _write_ascending(take & (full == 0), offs, KV_INDEX, rows, W, r_ok, ZERO_PAD)
+        n_full = _write_ascending(full, offs, FULL_INDEX, rows, FW, r_ok, ZERO_PAD)
+    tl.store(KV_COUNT + rows, n_partial, mask=r_ok)
+    tl.store(FULL_COUNT + rows, n_full, mask=r_ok)
+
+
 @triton.heuristics({"HAS_THRESHOLD": lambda a: a["threshold"] is not None})
 @triton.jit
 def select_kernel(
@@ -288,29 +363,38 @@ def select_kernel(
     b_s = tl.load(s_ptr, mask=s_ok, other=float("-inf"))  # [R, NK]
     for p in range(1, n_parts):  # the scores kernel split the shared heads into parts: their max
         b_s = tl.maximum(b_s, tl.load(s_ptr + p * part_stride, mask=s_ok, other=float("-inf")))
-    visible = b_s > float("-inf")  # the scores kernel wrote -inf where the block cannot be seen
-    j = offs[None, :]
-    forced = visible & forced_blocks(j, i[:, None], Lq, q_offset, nk, local, sinks, BLOCK_Q, BLOCK_K)
-    cand = visible & (forced == 0)
-    n_cand = tl.sum(cand.to(tl.int32), 1)
-    k = tl.minimum(tl.minimum(topk, capacity - tl.sum(forced.to(tl.int32), 1)), n_cand)  # [R]
-    b_key = _sort_key(b_s)
-    if HAS_THRESHOLD:
-        k = tl.minimum(k, _mass_count(b_s, b_key, visible, forced, cand, n_cand, threshold))
-    take = forced | _top_k(b_key, cand, k)  # every candidate above the k-th score; ties in block order
-    if MEMBER:  # every tile is masked: the member bits decide per row
-        n_partial = _write_ascending(take, offs, KV_INDEX, rows, W, r_ok, ZERO_PAD)
-        n_full = tl.zeros([ROWS], tl.int32)
-        if ZERO_PAD:  # the (unused) full list of a member selection: zeros
-            _write_ascending(take & (j < 0), offs, FULL_INDEX, rows, FW, r_ok, ZERO_PAD)
-    else:
-        full = take
-        if CAUSAL:  # full: the block's last key (clipped) is not after the query block's first position
-            full = take & (tl.minimum((j + 1) * BLOCK_K, Lk) - 1 <= (i * BLOCK_Q + q_offset)[:, None])
-        n_partial = _write_ascending(take & (full == 0), offs, KV_INDEX, rows, W, r_ok, ZERO_PAD)
-        n_full = _write_ascending(full, offs, FULL_INDEX, rows, FW, r_ok, ZERO_PAD)
-    tl.store(KV_COUNT + rows, n_partial, mask=r_ok)
-    tl.store(FULL_COUNT + rows, n_full, mask=r_ok)
+    _select_rows(b_s, i, r_ok, rows, offs, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
+                 nk, Lq, Lk, q_offset, topk, capacity, local, sinks, threshold, W, FW,
+                 BLOCK_Q, BLOCK_K, CAUSAL, MEMBER, HAS_THRESHOLD, ZERO_PAD)
+
+
+@triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None,
+                    "HAS_THRESHOLD": lambda a: a["threshold"] is not None})
+@triton.jit
+def fused_select_kernel(
+    Q_MEAN, K_MEAN, K_MIN, K_MAX, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
+    Hq, Hkv, group, LH, n_shared, nq, nk, Lq, Lk, q_offset, scale, topk, capacity, local, sinks, threshold, W, FW,
+    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NK: tl.constexpr,
+    ROWS: tl.constexpr, CAUSAL: tl.constexpr, MEMBER: tl.constexpr, HAS_THRESHOLD: tl.constexpr,
+    ZERO_PAD: tl.constexpr, BOUND: tl.constexpr,
+):
+    """``block_scores_kernel`` and ``select_kernel`` in one launch: a program scores its ``ROWS`` query blocks
+    against all ``nk`` key blocks itself (the same ``_score_tile``, over every shared head) and selects from
+    the scores in registers, so no score matrix goes through memory. Grid ``(cdiv(nq, ROWS), B * LH)``."""
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R] query blocks
+    r_ok = i < nq
+    blh = tl.program_id(1)
+    b = blh // LH
+    lh = blh % LH
+    rows = blh.to(tl.int64) * nq + i  # [R]
+    offs = tl.arange(0, BLOCK_NK)  # [NK] key blocks
+    b_s = _score_tile(Q_MEAN, K_MEAN, K_MIN, K_MAX, b, lh, i, r_ok, offs, offs < nk, 0, n_shared,
+                      Hq, Hkv, group, n_shared, nq, nk, Lq, q_offset, scale,
+                      HEAD_DIM, BLOCK_Q, BLOCK_K, CAUSAL, BOUND)  # [R, NK]
+    b_s = tl.where(r_ok[:, None], b_s, float("-inf"))  # rows past nq: nothing visible, as select_kernel loads them
+    _select_rows(b_s, i, r_ok, rows, offs, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
+                 nk, Lq, Lk, q_offset, topk, capacity, local, sinks, threshold, W, FW,
+                 BLOCK_Q, BLOCK_K, CAUSAL, MEMBER, HAS_THRESHOLD, ZERO_PAD)
 
 
 @triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None})
@@ -331,7 +415,6 @@ def member_kernel(
     row = blh.to(tl.int64) * nq + i
     offs_m = m_start + tl.arange(0, BLOCK_M)  # [BM] local query rows
     m_ok = offs_m < Lq
-    offs_d = tl.arange(0, HEAD_DIM)
     offs_w = tl.arange(0, W_PAD)  # [WP] slots of the query block's selection
     n_sel = tl.load(KV_COUNT + row)
     listed = offs_w < n_sel
@@ -342,10 +425,10 @@ def member_kernel(
         hq = lh * n_shared + g
         hkv = hq // group
         q_base = Q + b.to(tl.int64) * stride_qb + hq.to(tl.int64) * stride_qh
-        b_q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :], mask=m_ok[:, None],
-                      other=0.0).to(tl.float32)  # [BM, D]
         k_rows = (b * Hkv + hkv).to(tl.int64) * nk + b_blk  # [WP]
-        b_s = tl.maximum(b_s, _pooled_scores(b_q, K_MEAN, K_MIN, K_MAX, k_rows, listed, HEAD_DIM, BOUND))
+        # the rows' own queries [BM, D] (one whole-D dot: W_PAD key blocks are few)
+        b_s = tl.maximum(b_s, _pooled_scores(q_base, offs_m.to(tl.int64) * stride_qm, m_ok, K_MEAN, K_MIN, K_MAX,
+                                             k_rows, listed, HEAD_DIM, HEAD_DIM, BOUND))
     usable = listed[None, :] & m_ok[:, None]  # [BM, WP]
     if CAUSAL:  # a row cannot use a block that starts after it
         usable = usable & (b_blk[None, :] * BLOCK_K <= offs_m[:, None] + q_offset)
