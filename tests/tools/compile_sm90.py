@@ -209,6 +209,15 @@ def routing_variants():
         yield route.select_kernel, lists, ("threshold",) if threshold else (), dict(
             BLOCK_Q=128, BLOCK_K=128, BLOCK_NK=block_nk, ROWS=1, CAUSAL=True, MEMBER=member, ZERO_PAD=zero_pad,
             **({} if threshold else {"threshold": None}))
+    # routing.FUSED: scores and select in one program, 16 query blocks a program, up to FUSED_MAX_NK key blocks
+    fused = dict(Q_MEAN=F32, K_MEAN=F32, KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32, FULL_INDEX=I32)
+    for block_nk, member, threshold, bound in ((256, False, False, False), (256, True, True, True),
+                                               (512, False, True, False)):
+        yield route.fused_select_kernel, {**fused, **({"K_MIN": F32, "K_MAX": F32} if bound else {})}, \
+            ("scale",) + (("threshold",) if threshold else ()), dict(
+                HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_NK=block_nk, ROWS=16, CAUSAL=True, MEMBER=member,
+                ZERO_PAD=True, **({} if threshold else {"threshold": None}),
+                **({} if bound else {"K_MIN": None, "K_MAX": None}))
     for bound in (False, True):
         ptrs = dict(Q=BF16, K_MEAN=F32, KV_COUNT=I32, KV_INDEX=I32, ROW_SLOT=U8,
                     **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
