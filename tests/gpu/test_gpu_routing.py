@@ -86,12 +86,17 @@ def _step_graph(q, k, v, fn):
     return graph, out[0]
 
 
+@pytest.mark.parametrize("kernels", ["CURRENT", "FUSED"])
 @pytest.mark.parametrize("semantics", ["block", "member"])
-def test_forward_step_in_one_graph_replays_new_inputs_bitwise_and_never_syncs(semantics):
+def test_forward_step_in_one_graph_replays_new_inputs_bitwise_and_never_syncs(semantics, kernels):
+    """Route + attention captured once: replays of new inputs equal eager, and an eager step runs with host
+    synchronisation forbidden; with the default launches and with routing.FUSED (scores and select in one)."""
+    from sparseattn import routing
     kw = dict(block_q=128, block_k=128, topk=16, semantics=semantics, member_topk=8 if semantics == "member" else None)
 
     def step(q, k, v):
-        return sa.sparse_attention(q, k, v, sa.route(q, k, **kw))
+        with routing.route_kernels(getattr(routing, kernels)):
+            return sa.sparse_attention(q, k, v, sa.route(q, k, **kw))
     q, k, v = _inputs(16384, seed=3)
     static = [t.clone() for t in (q, k, v)]
     graph, out = _step_graph(*static, step)

@@ -1,8 +1,8 @@
 """GPU checks of the fused scores + select launch (``routing.FUSED``) at real sizes (bf16, D=128, 128-token
 blocks): its lists and member bits are CURRENT's (scores kernel, then select kernel) bit for bit for every
 selection rule, at 256 key blocks and at 512 (the most it takes), with the queries the last positions of the
-keys; and a fused route captures in one CUDA graph, replays new inputs bitwise, and never synchronises with
-the host. Its time is the routing suite's ``ms_fused_kernels`` (``python -m sparseattn.bench routing``).
+keys (its CUDA-graph and no-sync check is a parametrisation of ``test_gpu_routing.py``'s step-graph test). Its
+time is the routing suite's ``ms_fused_kernels`` (``python -m sparseattn.bench routing``).
 Run with ``python -m pytest tests/gpu -q``."""
 import pytest
 import torch
@@ -54,39 +54,3 @@ def test_fused_select_equals_current(N, kw):
 def test_fused_select_with_the_queries_at_the_end():
     q, k, _ = _inputs(32768, seed=1)
     fused_equals_current(q[:, :, -5000:], k, topk=16, threshold=0.8)  # q_offset, a clipped last query block
-
-
-def fused_step_graph(N, device=None):
-    """A forward step routed by FUSED, captured in one CUDA graph: replays of new inputs equal eager, and an
-    eager step runs with host synchronisation forbidden."""
-    kw = dict(block_q=128, block_k=128, topk=16)
-
-    def step(q, k, v):
-        return sa.sparse_attention(q, k, v, sa.route(q, k, **kw))
-    static = [t.clone() for t in _inputs(N, seed=3, device=device)]
-    with routing.route_kernels(routing.FUSED):
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # warm up (compile, allocate) off the capture
-            step(*static)
-            step(*static)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = step(*static)
-        for seed in (4, 5):
-            new = _inputs(N, seed=seed, device=device)
-            for t, n in zip(static, new):
-                t.copy_(n)
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, step(*new)), f"graph replay differs from eager (seed {seed})"
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            step(*static)  # raises on any host synchronisation
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-
-
-def test_fused_route_in_one_graph_replays_bitwise_and_never_syncs():
-    fused_step_graph(16384)
