@@ -18,6 +18,14 @@ def _grads(layout, q, k, v, do, **kw):
     return torch.autograd.grad(sa.sparse_attention(q, k, v, layout, **kw), (q, k, v), do)
 
 
+def _repeats_bitwise(times, layout, q, k, v, do, **kw):
+    """The gradients of one call, after checking that ``times`` more calls give the same bits."""
+    first = _grads(layout, q, k, v, do, **kw)
+    for _ in range(times):
+        assert all(torch.equal(a, b) for a, b in zip(_grads(layout, q, k, v, do, **kw), first))
+    return first
+
+
 def _rel(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
@@ -53,9 +61,7 @@ def test_default_backward_is_bitwise_deterministic_and_atomic_spread_is_small():
     L = 8192
     layout = BlockLayout.from_mask_mod(PATS["sinks+window"], L, L, device="cuda")
     q, k, v, do = (torch.randn(1, 16, L, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    first = _grads(layout, q, k, v, do)
-    for _ in range(5):
-        assert all(torch.equal(a, b) for a, b in zip(_grads(layout, q, k, v, do), first))
+    first = _repeats_bitwise(5, layout, q, k, v, do)
     atomic = [_grads(layout, q, k, v, do, deterministic=False)[0].float() for _ in range(5)]
     spread = max((a - atomic[0]).abs().max().item() for a in atomic)
     assert spread < 1e-1 * first[0].float().abs().max().item()
@@ -153,9 +159,7 @@ def test_tma_default_is_bitwise_deterministic_and_matches_pointer_path():
     L = 4096
     layout = BlockLayout.from_mask_mod(PATS["sinks+window"], L, L, device="cuda")
     q, k, v, do = (torch.randn(1, 8, L, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    first = _grads(layout, q, k, v, do)
-    for _ in range(3):
-        assert all(torch.equal(a, b) for a, b in zip(_grads(layout, q, k, v, do), first))
+    first = _repeats_bitwise(3, layout, q, k, v, do)
     cfg = bwd_config(q, layout)
     off = _grads(layout, q, k, v, do, bwd_config=dataclasses.replace(cfg, tma=False))
     for a, b in zip(first, off):
