@@ -56,6 +56,11 @@ class Static(dict):
         self.token = next(Static._tokens)
 
 
+def is_enabled() -> bool:
+    """Whether launches go through the cache now (the environment variable and any :func:`enabled` block)."""
+    return _ENABLED
+
+
 @contextlib.contextmanager
 def enabled(on: bool):
     """Within the block the cached path is used (``True``) or never used (``False``)."""

@@ -30,6 +30,8 @@ def tiny(cpu_stand_ins, tmp_path):  # noqa: F811
     m.setattr(X, "DECODE_D", 32)
     m.setattr(X, "DECODE_KEEPS", (0.25, 1.0))
     m.setattr(X, "PROFILE", dict(N=256, heads=1, head_dim=32, batch=1, seq_len=256))
+    m.setattr(X, "HOST_PROBE", ("window1024", 256))
+    m.setattr(X, "HOST_PROBE_CALLS", 2)
     return tmp_path
 
 
@@ -62,13 +64,22 @@ def test_suite_on_cpu_every_series_with_predictions(tiny):
     assert all(r.get("loop_ms") is not None for r in bf.select(Impl.OURS, Pass.FWD) + bf.select(Impl.OURS, Pass.BWD)
                if r.case.get("family") != "routing")
     # ... and it is the model's number for that row's layout and shape
+    # (the eager call with the host time the part measured first for the op; and its CUDA-graph replay)
+    host = bf.meta["parts"]["bwd"]["host_ms"]
+    assert set(host) == {"sparseattn/bwd", "flex/bwd", "cudnn/bwd"} and all(x > 0 for x in host.values())
+    assert bf.meta["parts"]["fwd"]["host_probe"] == {"pattern": "window1024", "N": 256}
+    assert bf.meta["parts"]["fwd"]["host_path"] == "fast-launch"
     row = bf.one(Impl.OURS, Pass.BWD, family="sinks_window", N=384)
     lay, env, kept = family_layout("sinks_window", 384, sinks=64, window=1024)
     assert row.case["kept"] == kept and row.case["envelope"] == env == "causal"
-    assert row.get("predicted_ms") == pytest.approx(cost(lay, Shape(B=1, Hq=1, D=32), "bwd").predicted_ms)
+    shape = Shape(B=1, Hq=1, D=32)
+    assert row.get("predicted_ms") == pytest.approx(
+        cost(lay, shape, "bwd", host_ms=host["sparseattn/bwd"]).predicted_ms)
+    assert row.get("device_predicted_ms") == pytest.approx(cost(lay, shape, "bwd", graph=True).predicted_ms)
     dense = bf.one(Impl.CUDNN, Pass.FWD, pattern="dense", N=256)
     assert dense.get("predicted_ms") == pytest.approx(
-        cost(envelope_layout("dense", 256, 256), Shape(B=1, Hq=1, D=32), "fwd", impl="cudnn").predicted_ms)
+        cost(envelope_layout("dense", 256, 256), shape, "fwd", impl="cudnn",
+             host_ms=bf.meta["parts"]["fwd"]["host_ms"]["cudnn/fwd"]).predicted_ms)
     # kept fractions: block_random from the drawn tiles (diagonal included), documents of the causal triangle
     assert [r.case["kept"] for r in bf.select(Impl.OURS, Pass.FWD, family="block_random")] == [
         family_layout("block_random", x, N=256)[2] for x in (0.25, 1.0)]

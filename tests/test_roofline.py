@@ -360,8 +360,13 @@ def test_calibration_and_evaluation_points_are_disjoint():
     for p in points:  # the stored roles follow the rule of the code
         if p.id.startswith(C.EVALUATION_FILES):  # the sweep only evaluates; a re-measured fitted point is a repeat
             assert roles[p.id] == p.role == ("repeat" if C._shape_key(p) in fitted else "evaluation"), p.id
+        elif p.id.startswith(C.HOST_DEVICE_PREFIX):  # short-end device points: fitted unless the sweep has them
+            assert roles[p.id] == p.role in ("calibration", "repeat"), p.id
+        elif p.impl in C.SUPERSEDED.get(p.id.split("#")[0], ()):  # a later recording replaces these rows
+            assert roles[p.id] == p.role == "superseded", p.id
         else:
             assert roles[p.id] == p.role == C.role_of(p)
+    assert cal["superseded_points"] and {roles[i] for i in cal["superseded_points"]} == {"superseded"}
     assert {roles[i] for i in cal["repeated_points"]} <= {"repeat"}  # left out of the accuracy, listed apart
     # same layouts never on both sides within a prefill model
     for key in ("sparseattn/fwd", "flex/fwd", "sparseattn/bwd"):
@@ -504,6 +509,19 @@ def test_docstring_failure_notes_follow_the_data():
     rec = json.loads(C.record_path("h200").read_text())
     pred = {r["label"]: r["predicted_ms"] for r in rec["calibration"]["points"]}
     assert f"the model ({pred['sparseattn fwd sinks64+window1024 N=4096']:.2f} ms)" in R.__doc__
+    # ... and what the crossover sweep measured there, and its short-end eager points against their device time
+    xo = rows("crossover-h200.json")
+    at = {(r["impl"], r["pass"], r["case"]["pattern"], r["case"]["N"]): (i, r) for i, r in enumerate(xo)
+          if r["case"].get("family")}
+    i, r = at[("sparseattn", "fwd", "sinks64+window1024", 4096)]
+    graph = {p["id"]: p for p in rec["calibration"]["points"]}[f"crossover-h200.json#{i}:graph"]
+    assert f"layout: {r['device_ms']:.2f} ms (CUDA graph), predicted within " \
+           f"{round(100 * abs(graph['ratio'] - 1))}%" in R.__doc__
+    _, r = at[("sparseattn", "fwd", "sinks64+window1024", 1024)]
+    assert f"N = 1k took {r['ms']:.3f} ms eager against {r['device_ms']:.3f} ms on the" in R.__doc__
+    bwd = [at[("sparseattn", "bwd", "window2048", n)][1]["ms"] for n in (1024, 1536, 2048, 3072, 4096, 6144)]
+    assert f"N = 1k-6k ({min(bwd):.2f}-{max(bwd):.2f} ms) do not grow with N" in R.__doc__
+    assert sorted(bwd) != bwd
     keep = rows("decode_keep-h200.json")
     low = [r["ms"] * 1e3 for r in keep if r["pass"] == "decode (CUDA graph)" and r["case"]["B"] == 1
            and r["case"].get("keep", 1) <= 0.05]
@@ -593,7 +611,7 @@ def _crossover_rows():
 
 def test_crossover_file_is_evaluated_never_fitted(tmp_path):
     import shutil
-    for name in C.FILES:
+    for name in C.FILES + C.HOST_DEVICE_FILES:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(C.BENCH_DIR / name, tmp_path / name)
     without = C.load_points(tmp_path)
@@ -602,14 +620,23 @@ def test_crossover_file_is_evaluated_never_fitted(tmp_path):
                                                               "results": _crossover_rows()}))
     points = C.load_points(tmp_path)
     extra = [p for p in points if p.id.startswith("crossover")]
-    assert [p.role for p in points[:len(without)]] == [p.role for p in without]  # the fit's points unchanged
+    # the fit's points unchanged, except a short-end device point whose call the sweep now measures too
+    changed = [(a.id, a.role, b.role) for a, b in zip(points, without) if a.role != b.role]
+    assert changed and all(i.startswith(C.HOST_DEVICE_PREFIX) and (x, y) == ("repeat", "calibration")
+                           for i, x, y in changed)
+    sweep = C.sweep_fingerprints(points)
+    assert all(R.host.fingerprint(C._layout(p.pattern, p.N), p.case) in sweep
+               for p in points if p.id in {i for i, _, _ in changed})
     assert [p.role for p in extra] == ["evaluation"] * 3 + ["repeat", "repeat", "evaluation", "evaluation"]
     assert all(p.label().endswith("(crossover)") for p in extra)
     rec = json.loads(C.record_path("h200").read_text())
     rows = C.evaluate(extra, rec["model"], R.Ceilings.from_json(rec["ceilings"]))  # layouts rebuilt, tiles checked
     acc = C.accuracy([dict(r) for r in rows])
     assert acc["crossover sweep (all)"]["n"] == 5  # the repeat is left out
-    assert acc["classes"]["crossover sweep: ours"]["n"] == 4 and acc["classes"]["crossover sweep: Flex, cuDNN"]["n"] == 1
+    cls = acc["classes"]
+    assert cls["crossover sweep: ours, eager"]["n"] == 3 and cls["crossover sweep: ours, device"]["n"] == 1  # decode
+    assert cls["crossover sweep: Flex, cuDNN, eager"]["n"] == 1 and cls["crossover sweep: Flex, cuDNN, device"]["n"] == 0
+    assert acc["crossover sweep: eager (all)"]["n"] == 4 and acc["crossover sweep: device (all)"]["n"] == 1
     assert acc["classes"]["prefill (fwd + bwd, ours)"]["n"] == 0
     bad = json.loads((tmp_path / "crossover-h200.json").read_text())
     bad["results"][0]["case"]["tiles"] += 1
@@ -675,7 +702,7 @@ def test_recorded_envelopes_follow_the_layouts():
 
 def test_load_points_from_documents_as_a_notebook_passes_them():
     from sparseattn.bench.record import load
-    docs = {f: load(f.rsplit("-", 1)[0]).to_json() for f in C.FILES + C.EVALUATION_FILES}
+    docs = {f: load(f.rsplit("-", 1)[0]).to_json() for f in C.READ_FILES}
     assert [(p.id, p.role) for p in C.load_points(docs=docs)] == [(p.id, p.role) for p in C.load_points()]
     with pytest.raises(FileNotFoundError, match="prefill-h200.json"):
         C.load_points(docs={k: v for k, v in docs.items() if k != "prefill-h200.json"})

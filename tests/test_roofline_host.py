@@ -1,4 +1,6 @@
 """The cost model's eager host term (sparseattn.roofline.host): launch counts, disjointness, combination."""
+import json
+
 import pytest
 import torch
 
@@ -89,3 +91,49 @@ def test_host_term_grows_with_launches():
 def test_max_fits_the_host_suite_better_than_sum():
     c = load_record("h200")["host"]["combination"]
     assert c["max"]["within_25pct"] > c["sum"]["within_25pct"]
+
+
+def test_a_measured_host_time_replaces_the_recorded_one():
+    """``cost(host_ms=...)``: the host time of this machine (the crossover suite measures it per part); an eager
+    call takes the slower of device and host, a CUDA-graph replay has no host term."""
+    layout = sa.BlockLayout.from_mask_mod(sa.patterns.causal(), 1024, 1024)
+    shape = {"B": 1, "Hq": 16, "D": 128, "dtype": "bf16"}
+    dev = R.cost(layout, shape, "fwd", graph=True).predicted_ms
+    for host in (0.0, dev / 2, dev, dev + 0.2):
+        c = R.cost(layout, shape, "fwd", host_ms=host)
+        assert c.predicted_ms == pytest.approx(max(dev, host)) and c.t_host_ms == pytest.approx(host)
+    assert R.cost(layout, shape, "fwd", host_ms=0.5, graph=True).predicted_ms == pytest.approx(dev)
+    for bad in (-1.0, "0.1", True):
+        with pytest.raises(TypeError, match="host_ms"):
+            R.cost(layout, shape, "fwd", host_ms=bad)
+
+
+def test_short_end_device_points_calibrate_and_sweep_rows_bring_graph_points():
+    """The host suites' CUDA-graph replays are calibration points of the device-side models (none of them a call
+    the sweep measured), and a sweep row's ``device_ms`` is an evaluation point of its own, priced without a
+    host term; a part's measured host time prices its eager rows."""
+    points = calibrate.load_points()
+    dev = [p for p in points if p.id.startswith(calibrate.HOST_DEVICE_PREFIX)]
+    assert dev and all(p.graph for p in dev)
+    assert {p.role for p in dev} <= {"calibration", "repeat"} and any(p.role == "calibration" for p in dev)
+    sweep = calibrate.sweep_fingerprints(points)
+    for p in dev:
+        inside = H.fingerprint(calibrate._layout(p.pattern, p.N), p.case) in sweep
+        assert (p.role == "repeat") == inside, p.id
+    row = {"case": {"N": 4096, "B": 1, "H": 16, "D": 128, "dtype": "bf16", "family": "window", "window": 2048,
+                    "pattern": "window2048", "envelope": "causal", "kept": 0.5, "block": 128},
+           "impl": "sparseattn", "pass": "fwd", "ms": 0.2, "device_ms": 0.15, "part": "fwd"}
+    doc = {"suite": "crossover", "device": "NVIDIA H200", "results": [row],
+           "parts": {"fwd": {"host_ms": {"sparseattn/fwd": 0.3}, "host_path": "fast-launch"}}}
+    docs = {name: json.loads((calibrate.BENCH_DIR / name).read_text()) for name in calibrate.FILES}
+    docs.update({name: json.loads((calibrate.BENCH_DIR / name).read_text())
+                 for name in calibrate.HOST_DEVICE_FILES})
+    docs["crossover-h200.json"] = doc
+    got = [p for p in calibrate.load_points(docs=docs) if p.id.startswith("crossover")]
+    assert [(p.id, p.graph, p.ms) for p in got] == [("crossover-h200.json#0", False, 0.2),
+                                                     ("crossover-h200.json#0:graph", True, 0.15)]
+    rec = load_record("h200")
+    ceil = R.Ceilings.from_json(rec["ceilings"])
+    eager, graph = calibrate.evaluate(got, rec["model"], ceil, rec["host"])
+    assert eager["predicted_ms"] == pytest.approx(max(graph["predicted_ms"], 0.3))
+    assert graph["label"].endswith("graph (crossover)")

@@ -38,14 +38,16 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .. import _fast_launch
 from ..ops import sparse_attention, sparse_decode
 from ..roofline import cost
 from ..roofline.cases import decode_setup
 from ..roofline.counts import Shape
+from ..roofline.host import CURRENT_PATH, RECORDED_PATH
 from ..roofline.crossover import (KEEP_GRID, N_GRID, bracket, crossing, envelope_layout, envelope_of, family_layout,
                                   family_pattern)
 from ..routing import select_pages
@@ -74,6 +76,13 @@ DECODE_HQ, DECODE_HKV, DECODE_D, PAGE_SIZE = 32, 8, 128, 16
 DECODE_KEEPS = KEEP_GRID
 #: the example steps profiled in the decode part (chapter 9 shows where their time goes)
 PROFILE = dict(N=16384, batch=8, seq_len=32768)
+#: the layout and length on which each prefill part first measures the host time of one eager call of every
+#: op (``meta.parts.<part>.host_ms``; the part's rows are priced with it): a pattern the sweep never measures
+HOST_PROBE = ("window1024", 2048)
+#: calls per host-time measurement of the probe (:func:`sparseattn.bench.host.host_us`)
+HOST_PROBE_CALLS = 200
+#: the host path a part ran, by whether the cached launch was on (:mod:`sparseattn.roofline.host`)
+HOST_PATHS = {True: CURRENT_PATH, False: RECORDED_PATH}
 #: first guesses of one FlexAttention compile + timing (s), replaced by the slowest seen in the run
 FLEX_GUESS_S = {"fwd": 30.0, "bwd": 60.0}
 DTYPE, DTYPE_NAME = torch.bfloat16, "bf16"
@@ -127,6 +136,40 @@ def _base(N: int, args) -> dict:
 
 def _pred(c) -> dict:
     return {"predicted_ms": c.predicted_ms, "predicted_bound": c.bound}
+
+
+def _prefill_pred(layout, run: "_Run", pass_: str, impl: str = "sparseattn") -> dict:
+    """The model's predictions for a prefill row, made before it is measured: the eager call, with the host
+    time this part measured for the op (``predicted_ms``, beside ``ms``), and its CUDA-graph replay
+    (``device_predicted_ms``, beside ``device_ms``)."""
+    host = run.meta["parts"].get(pass_, {}).get("host_ms", {}).get(f"{impl}/{pass_}")
+    return {**_pred(cost(layout, run.shape, pass_, impl=impl, host_ms=host)),
+            "device_predicted_ms": cost(layout, run.shape, pass_, impl=impl, graph=True).predicted_ms}
+
+
+def probe_host(run: "_Run", pass_: str) -> Dict[str, float]:
+    """Milliseconds of host work per eager call of each op (``"sparseattn/fwd"``, ...) in this process, on
+    :data:`HOST_PROBE` (not a sweep layout): the host side of the model's eager prices for this part. The
+    host's speed differs between runs of the same code (our forward: 0.107 ms in ``host-h200.json``, about
+    0.06 ms in a loop of the next day's crossover run), so it is measured, like a ceiling, where it is used."""
+    from .cases import prefill_layout
+    from .host import host_us
+    pattern, N = HOST_PROBE
+    lay = prefill_layout(pattern, N, block=128, device=run.dev)
+    q, k, v, do = run.qkv(N, pass_ == "bwd")
+    makes = {"sparseattn": lambda a, b, c: sparse_attention(a, b, c, lay),
+             "cudnn": lambda a, b, c: C.sdpa_fn(a, b, c, "cudnn", True)()}
+    if not run.args.no_flex:
+        bm, flex = lay.to_flex(), C.compiled_flex()
+        makes["flex"] = lambda a, b, c: flex(a, b, c, block_mask=bm)
+    out = {}
+    for impl, make in makes.items():
+        fwd, bwd = C.fwd_bwd(make, q, k, v, do)
+        try:
+            out[f"{impl}/{pass_}"] = host_us(fwd if pass_ == "fwd" else bwd, run.dev, HOST_PROBE_CALLS) * 1e-3
+        except Exception as e:  # a backend that refuses the shape: that op keeps the recorded host time
+            C.note(f"host probe {impl} {pass_}: {type(e).__name__}: {str(e)[:160]}")
+    return out
 
 
 class _Run:
@@ -210,22 +253,35 @@ def _timed(run: _Run, pass_: str, fn, q, k, v, do) -> float:
     return C.time_gpu(C.grad_fn(fn, (q, k, v), do))
 
 
+def _device_ms(run: _Run, pass_: str, make: Callable, N: int) -> Optional[float]:
+    """The point's call replayed from one CUDA graph (``make(q, k, v)``; the backward from one kept forward):
+    its device time without host work -- what the model's kernel and per-call terms price, whatever the
+    host's speed that day. None off CUDA or when the capture fails (noted)."""
+    if torch.device(run.dev).type != "cuda":
+        return None
+    q, k, v, do = run.qkv(N, pass_ == "bwd")
+    side = torch.cuda.Stream() if pass_ == "bwd" else None
+    fwd, bwd = C.fwd_bwd(make, q, k, v, do, side)
+    return C.graph_ms(fwd if pass_ == "fwd" else bwd, side)
+
+
 def _dense_row(run: _Run, pass_: str, N: int, env: str) -> None:
     """cuDNN on the envelope at length N, once per (pass, N, envelope)."""
     if (pass_, N, env) in run.dense:
         return
     q, k, v, do = run.qkv(N, pass_ == "bwd")
     case = {**_base(N, run.args), "pattern": env, "envelope": env}
-    pred = _pred(cost(envelope_layout(env, N, N), run.shape, pass_, impl="cudnn"))
+    pred = _prefill_pred(envelope_layout(env, N, N), run, pass_, "cudnn")
     try:
         ms = _timed(run, pass_, C.sdpa_fn(q, k, v, "cudnn", env == "causal"), q, k, v, do)
+        dev_ms = _device_ms(run, pass_, lambda a, b, c: C.sdpa_fn(a, b, c, "cudnn", env == "causal")(), N)
     except RuntimeError as e:  # the backend refused the shape
         C.note(f"cudnn {env} N={N} {pass_}: {e}")
         run.add(Record(case, Impl.CUDNN, pass_, None, {**pred, "part": pass_, "error": str(e)[:200]}))
         run.dense[(pass_, N, env)] = None
         return
     run.dense[(pass_, N, env)] = ms
-    run.add(Record(case, Impl.CUDNN, pass_, ms, {**pred, "part": pass_}))
+    run.add(Record(case, Impl.CUDNN, pass_, ms, {**pred, "part": pass_, "device_ms": dev_ms}))
 
 
 def _ours_rows(run: _Run, pass_: str, pt: dict) -> None:
@@ -249,9 +305,11 @@ def _ours_rows(run: _Run, pass_: str, pt: dict) -> None:
     # the same call back to back without do_bench's L2 flush: where the host is the slower side, the event
     # times of the recorded sweep split into two groups ~2x apart; this is the per-call wall time of a loop
     loop_ms = C.time_loop(call if pass_ == "fwd" else C.grad_fn(call, (q, k, v), do), device=run.dev)
+    dev_ms = _device_ms(run, pass_, lambda a, b, c: sparse_attention(a, b, c, dev_lay), N)
     flops = C.tile_flops(lay, args.heads, args.head_dim) * (1.0 if pass_ == "fwd" else 3.5)
-    run.add(Record(case, Impl.OURS, pass_, ms, {**_pred(cost(lay, run.shape, pass_)), "part": pass_,
-                                                "tile_tflops": flops / ms / 1e9, "loop_ms": loop_ms}))
+    run.add(Record(case, Impl.OURS, pass_, ms, {**_prefill_pred(lay, run, pass_), "part": pass_,
+                                                "tile_tflops": flops / ms / 1e9, "loop_ms": loop_ms,
+                                                "device_ms": dev_ms}))
     if pass_ == "fwd" and pt["family"] in LENGTH_FAMILIES and 1 * args.heads * N * N * 2 * 3 <= args.naive_max_bytes:
         mask = dev_lay.to_dense()
         run.add(Record(case, Impl.NAIVE, pass_, C.time_gpu(C.naive_fn(q, k, v, mask)), {"part": pass_}))
@@ -261,7 +319,7 @@ def _ours_rows(run: _Run, pass_: str, pt: dict) -> None:
 def _flex_row(run: _Run, pass_: str, pt: dict) -> None:
     """FlexAttention at one point (compiled on the point's block mask), if the budget covers a compile."""
     case, lay = pt["case"], pt["layout"]
-    extra = {**_pred(cost(lay, run.shape, pass_, impl="flex")), "part": pass_}
+    extra = {**_prefill_pred(lay, run, pass_, "flex"), "part": pass_}
     # a kept fraction or a document count at a compiled length does not recompile; a window's length does
     key = (pass_, pt["family"], pt["N"]) if pt["family"] in KEEP_FAMILIES else (pass_, case["pattern"], pt["N"])
     estimate = run.flex_estimate(pass_, key)
@@ -269,24 +327,39 @@ def _flex_row(run: _Run, pass_: str, pt: dict) -> None:
         run.add(Record(case, Impl.FLEX, pass_, None, {**extra, "error": f"skipped: {run.budget.left():.0f} s left of "
                                                       f"the time budget, a compile takes up to {estimate:.0f} s"}))
         return
-    q, k, v, do = run.qkv(pt["N"], pass_ == "bwd")
-    t0 = time.perf_counter()
-    try:
-        fn = C.flex_fn(q, k, v, pt["device_layout"].to_flex())
-        out = fn()  # compiles
-        if pass_ == "bwd":
-            torch.autograd.grad(out, (q, k, v), do)  # compiles the backward
-        C.synchronize(run.dev)
-        first = time.perf_counter() - t0
-        ms = _timed(run, pass_, fn, q, k, v, do)
-    except Exception as e:  # a compile or launch failure is recorded, not fatal
-        C.note(f"flex {case['pattern']} N={pt['N']} {pass_}: {type(e).__name__}: {str(e)[:160]}")
-        run.add(Record(case, Impl.FLEX, pass_, None, {**extra, "error": f"{type(e).__name__}: {str(e)[:200]}"}))
+    ms, first, dev_ms, err = _flex_time(run, pass_, pt["N"], pt["device_layout"])
+    if err is not None:
+        C.note(f"flex {case['pattern']} N={pt['N']} {pass_}: {err}")
+        run.add(Record(case, Impl.FLEX, pass_, None, {**extra, "error": err}))
         return
     if key not in run.flex_compiled:
         run.flex_seen[pass_].append(first)
         run.flex_compiled.add(key)
-    run.add(Record(case, Impl.FLEX, pass_, ms, {**extra, "first_call_s": first}))
+    run.add(Record(case, Impl.FLEX, pass_, ms, {**extra, "first_call_s": first, "device_ms": dev_ms}))
+
+
+def _flex_time(run: _Run, pass_: str, N: int, device_layout) -> tuple:
+    """FlexAttention compiled on ``device_layout``'s block mask: ``(ms, first call s, device ms, None)``, or
+    ``(None, None, None, error)`` when the compile or a launch fails (recorded, not fatal)."""
+    q, k, v, do = run.qkv(N, pass_ == "bwd")
+    t0 = time.perf_counter()
+    try:
+        bm = device_layout.to_flex()
+        fn = C.flex_fn(q, k, v, bm)
+        out = fn()  # compiles
+        if pass_ == "bwd":
+            # compiles the backward; retain_graph as the timed calls have it: a backward first compiled
+            # without it donates buffers and then refuses every retained call (the 2026-12-01 run lost every
+            # FlexAttention backward point to that)
+            torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+        C.synchronize(run.dev)
+        first = time.perf_counter() - t0
+        ms = _timed(run, pass_, fn, q, k, v, do)
+        flex = C.compiled_flex()
+        dev_ms = _device_ms(run, pass_, lambda a, b, c: flex(a, b, c, block_mask=bm), N)
+    except Exception as e:  # a compile or launch failure
+        return None, None, None, f"{type(e).__name__}: {str(e)[:200]}"
+    return ms, first, dev_ms, None
 
 
 def _routing_rows(run: _Run, pass_: str) -> None:
@@ -319,20 +392,38 @@ def _routing_rows(run: _Run, pass_: str) -> None:
                 case = {**_base(N, args), "family": "routing", "pattern": f"route_top{topk}", "keep": x,
                         "topk": topk, "envelope": env, "kept": st["logical_edges"] / (cpu.B * cpu.H * env_cells),
                         "block": 128, "tiles": st["listed_tiles"], "logical_density": st["logical_density"]}
-                pred = _pred(cost(cpu, run.shape, pass_))
+                pred = _prefill_pred(cpu, run, pass_)
                 ms = _timed(run, pass_, lambda: sparse_attention(q, k, v, lay), q, k, v, do)
+                dev_ms = _device_ms(run, pass_, lambda a, b, c, lay=lay: sparse_attention(a, b, c, lay), N)
             except Exception as e:  # an interface this hook does not know yet: say so, measure the rest
                 C.note(f"routing family stopped: {type(e).__name__}: {str(e)[:160]}")
                 return
             run.add(Record(case, Impl.OURS, Pass.ROUTE, ms_route, {"part": pass_}))
             _dense_row(run, pass_, N, env)
-            run.add(Record(case, Impl.OURS, pass_, ms, {**pred, "part": pass_, "route_ms": ms_route}))
+            run.add(Record(case, Impl.OURS, pass_, ms, {**pred, "part": pass_, "route_ms": ms_route,
+                                                        "device_ms": dev_ms}))
+            # FlexAttention on the same routed blocks (its own routing pipeline is the routing suite's): the
+            # shapes of a length's block mask do not change with top-k, so one compile per length and pass
+            key = (pass_, "routing", N)
+            if not run.args.no_flex and run.budget.allows(run.flex_estimate(pass_, key)):
+                f_ms, first, f_dev, err = _flex_time(run, pass_, N, lay)
+                if err is not None:
+                    C.note(f"flex routing N={N} {pass_}: {err}")
+                elif key not in run.flex_compiled:
+                    run.flex_seen[pass_].append(first)
+                    run.flex_compiled.add(key)
+                run.add(Record(case, Impl.FLEX, pass_, f_ms, {**_prefill_pred(cpu, run, pass_, "flex"),
+                                                             "part": pass_, "device_ms": f_dev,
+                                                             **({"error": err} if err else {"first_call_s": first})}))
             run.save()
 
 
 def prefill_part(run: _Run, pass_: str, bar) -> None:
     """Ours, naive and cuDNN on every point first (no compiles), then FlexAttention while the budget lasts."""
     pts = points(pass_, run.args)
+    run.meta["parts"][pass_]["host_ms"] = probe_host(run, pass_)
+    run.meta["parts"][pass_]["host_probe"] = {"pattern": HOST_PROBE[0], "N": HOST_PROBE[1]}
+    run.meta["parts"][pass_]["host_path"] = HOST_PATHS[_fast_launch.is_enabled()]
     for pt in pts:
         if not run.budget.allows(0.0):
             C.note(f"time budget spent: {pass_} point {pt['family']} x={pt['x']} N={pt['N']} not measured")

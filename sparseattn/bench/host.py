@@ -122,43 +122,9 @@ def _measure(fn: Callable, device, stream=None) -> dict:
     """Every number of one (implementation, case): ms, device_ms, host_us, launches, host_syncs. ``stream``:
     the side stream a backward's kept forward ran on (its capture must run there too)."""
     ms = C.time_gpu(fn)
-    out = {"ms": ms, "device_ms": _graph_ms(fn, stream), "host_us": host_us(fn, device),
+    out = {"ms": ms, "device_ms": C.graph_ms(fn, stream), "host_us": host_us(fn, device),
            "launches": kernel_launches(fn, device), "host_syncs": host_syncs(fn, device)}
     return out
-
-
-def _graph_ms(fn: Callable, stream=None, tries: int = 2) -> Optional[float]:
-    """Device milliseconds of ``fn`` replayed from one CUDA graph captured on ``stream``. In the recorded runs
-    the first backward captured in a process failed twice (``cudaErrorStreamCaptureInvalidated``) while its
-    kept forward ran on the default stream; :func:`_fwd_bwd` now runs it on the capture stream, which removes
-    one documented cause (pytorch/pytorch#180090), not yet checked on the GPU. A failed capture is tried
-    again, and after ``tries`` failures the row keeps ``device_ms = None`` with a note rather than losing its
-    eager numbers."""
-    for attempt in range(tries):
-        try:
-            graph = C.graph_step(fn, stream)
-        except RuntimeError as e:
-            torch.cuda.synchronize()
-            C.note(f"graph capture {attempt + 1}/{tries} failed: {type(e).__name__}: {str(e)[:120]}")
-            continue
-        ms = C.time_gpu(graph.replay)
-        del graph
-        return ms
-    return None
-
-
-def _fwd_bwd(make: Callable, q, k, v, do, stream=None):
-    """``(forward call, backward call)`` of an attention ``make(q, k, v)``; the backward recomputes the
-    gradients of q, k, v from one kept forward (:func:`C.grad_fn`), run on ``stream`` when given (the stream
-    the backward's CUDA-graph capture uses: autograd runs a node's backward on its forward's stream)."""
-    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-    if stream is None:
-        return (lambda: make(q, k, v)), C.grad_fn(lambda: make(qg, kg, vg), (qg, kg, vg), do)
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        bwd = C.grad_fn(lambda: make(qg, kg, vg), (qg, kg, vg), do)
-    torch.cuda.current_stream().wait_stream(stream)
-    return (lambda: make(q, k, v)), bwd
 
 
 def run(args) -> tuple:
@@ -192,7 +158,7 @@ def run(args) -> tuple:
                     for impl, make in impls.items():
                         side = torch.cuda.Stream() if pass_ == Pass.BWD and torch.device(dev).type == "cuda" \
                             else None
-                        fwd, bwd = _fwd_bwd(make, q, k, v, do, side)
+                        fwd, bwd = C.fwd_bwd(make, q, k, v, do, side)
                         fn = fwd if pass_ == Pass.FWD else bwd
                         try:
                             m = _measure(fn, dev, side)

@@ -43,7 +43,9 @@ How the terms are computed:
   ``flops / (P x eff_compute / SMs)``. The last finish time is the compute term, so wave tails, short rows
   and mask work are in it. ``D_HBM / W_eff`` with ``W_eff = W x eff_memory``. Decode steps are timed by a
   calibrated ``step_us`` (an SM's share of the bandwidth, or latency when few programs run).
-* ``T_launch``: a calibrated fixed cost per call; eager decode takes the larger of host and device time.
+* ``T_launch``: a calibrated fixed device cost per call; an eager call takes the larger of its device time
+  and its host time ``T_host`` (calls issued back to back, :mod:`.host`; ``cost(host_ms=...)`` takes this
+  machine's measured host time), a CUDA-graph replay (``graph=True``) the device time alone.
   ``T_index``: layout rebuild (fixed cost + cells a mask_mod without an exact tile rule evaluates), only
   with ``rebuild_layout=True``; ``T_route``: the routing time you pass.
 
@@ -55,16 +57,21 @@ bf16) and evaluated on points disjoint from the fit:
 
 * prefill, ours and FlexAttention, forward and backward: fitted on ``causal`` and ``window1024`` (N = 4k to
   64k forward, 32k backward), evaluated on ``sinks64+window1024`` and ``random10%+diag`` -- layouts the fit
-  never saw. cuDNN: fitted at N = 4k, 16k, 64k, evaluated at 8k and 32k (backward: fitted dense, evaluated
-  causal);
+  never saw. Our backward's rows come from ``versus-h200.json`` (the kernels as they are; the older
+  ``backward-h200.json`` rows of ours are ``"superseded"``). The short end of the same two layouts is fitted
+  on the host suites' CUDA-graph replays (``device_ms``, N = 2k and 4k): they pin the per-call device cost
+  that the long sequences cannot separate from the per-tile rate. cuDNN: fitted at N = 4k, 16k, 64k,
+  evaluated at 8k and 32k (backward: fitted dense, evaluated causal);
 * decode: fitted on batch 8 and 32 (decode_keep, CUDA graph and eager), evaluated on batch 1 and on the
   decode suite (page sizes 16, 64, 128); cuDNN decode likewise;
 * layout build and transpose: fitted at N = 32k, evaluated at 131k;
 * the crossover sweep (``book/data/bench/crossover-h200.json``, :mod:`sparseattn.bench.crossover`; when
   recorded) is evaluated only: a 2048-token window, 64 sinks + a 1024-token window, block-random + diagonal
-  and equal documents at N = 1k to 16k, decode at B = 4 and 16. A sweep point that re-measures the layout and
-  shape of a calibration point (the cuDNN forward at 4k and 16k; one document at 4k and 16k, which is the
-  causal layout) is a ``"repeat"`` and left out.
+  and equal documents at N = 1k to 16k, decode at B = 4 and 16. Each prefill row is two points: its eager
+  event time (``ms``, priced with the host time the run measured at the start of the part on a layout it
+  does not sweep) and its CUDA-graph replay (``device_ms``, the ``"... graph"`` points). A sweep point that
+  re-measures the layout and shape of a calibration point (the cuDNN forward at 4k and 16k; one document at
+  4k and 16k, which is the causal layout) is a ``"repeat"`` and left out.
 
 Parameters a model's calibration points cannot separate are tied to another model's (listed under
 ``tied`` in the record; e.g. the backward's partial-tile overhead is the forward's).
@@ -72,23 +79,27 @@ Parameters a model's calibration points cannot separate are tied to another mode
 Predicted / measured on the evaluation points::
 
     evaluation points                      n  median    p10    p90 in +-25%
-    prefill (fwd + bwd, ours)             15    0.97   0.77   1.14      80%
-    prefill baselines (Flex, cuDNN)       17    0.97   0.87   1.07      94%
+    prefill (fwd + bwd, ours)             12    0.97   0.88   1.09      83%
+    prefill baselines (Flex, cuDNN)       17    0.97   0.80   1.09      88%
     decode, CUDA graph (ours)             10    1.05   1.01   1.50      70%
     decode, eager (ours)                  16    0.98   0.63   1.30      62%
     decode (cuDNN)                         7    0.97   0.97   0.98     100%
     layout build + transpose              14    1.16   0.67   1.79      36%
-    crossover sweep: ours                 78    0.98   0.50   1.09      71%
-    crossover sweep: Flex, cuDNN          26    0.98   0.56   1.36      50%
-    all kernel models (no eager decode)  153    0.98   0.57   1.13      72%
-    crossover sweep (all)                104    0.98   0.53   1.11      65%
+    crossover sweep: ours, device        120    1.03   0.96   1.12      98%
+    crossover sweep: Flex, cuDNN, device 128    0.95   0.79   1.08      96%
+    crossover sweep: ours, eager         101    1.03   0.71   1.34      72%
+    crossover sweep: Flex, cuDNN, eager  119    0.98   0.85   1.48      80%
+    all kernel models (no eager decode)  514    1.00   0.84   1.20      87%
+    crossover sweep: device (all)        248    0.99   0.86   1.11      97%
+    crossover sweep: eager (all)         220    1.01   0.80   1.42      76%
+    crossover sweep (all)                468    1.00   0.84   1.20      87%
 
 Outside +-25%::
 
     sparseattn fwd sinks64+window1024 N=4096              0.65
     sparseattn fwd random10%+diag N=4096                  1.34
     flex fwd random10%+diag N=4096                        0.52
-    sparseattn bwd sinks64+window1024 N=32768             0.75
+    flex bwd sinks64+window1024 N=32768                   0.74
     sparseattn decode keep0.01 N=131072 B=1 ps=16 eager   1.56
     sparseattn decode keep0.01 N=131072 B=1 ps=16 graph   1.69
     sparseattn decode keep0.02 N=131072 B=1 ps=16 eager   1.55
@@ -109,33 +120,24 @@ Outside +-25%::
     sparseattn transpose block_random10% N=131072         1.35
     sparseattn decode keep0.02 N=65536 B=4 ps=16 graph (crossover)  1.39
     sparseattn decode keep0.02 N=16384 B=16 ps=16 graph (crossover)  1.28
-    cudnn fwd causal N=1024 (crossover)                   1.78
-    ... and 33 more (python -m sparseattn.roofline accuracy)
+    cudnn fwd causal N=1024 (crossover)                   2.14
+    ... and 56 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
 
-* forward at N = 4k, 16 heads: few, short programs. ``sinks64+window1024`` measured 0.27 ms there, twice
+* forward at N = 4k, 16 heads (``prefill-h200.json``): ``sinks64+window1024`` measured 0.27 ms there, twice
   ``window1024`` (0.13 ms) with 9% more tiles, while FlexAttention ran the same layout in 0.13 ms; nothing
-  in the counts separates the two, so the model (0.17 ms) misses it -- a re-measure belongs to the crossover
-  sweep. ``random10%+diag`` at 4k (4 tiles a row) is host-bound: a fixed per-call cost fitted at longer
-  lengths under-predicts it.
+  in the counts separates the two, so the model (0.17 ms) misses it. The crossover sweep re-measured the
+  layout: 0.12 ms (CUDA graph), predicted within 3%.
+* the sweep's eager points at N < 8k: the host sets the time there, and the host's speed is not steady
+  within one run -- our sinks + window forward at N = 1k took 0.177 ms eager against 0.031 ms on the
+  device, and our window backward's eager times at N = 1k-6k (0.42-0.77 ms) do not grow with N. The part's
+  measured host time prices them all alike; the graph replays of the same calls follow the model.
 * decode at batch 1 with 1-5% of the pages kept (CUDA graph): 14-22 us. The fixed cost per replay (22 us)
   was fitted at batch 8 and 32, where it cannot be told apart from the cost per wave of programs, so batch 1
   is over-predicted. A measured launch latency (``Ceilings.launch_us``) would pin it.
 * eager decode: the host issues each call in 66-176 us, varying from point to point within one run; a single
   host time per call cannot follow it (the graph replays of the same points are predicted).
-* the eager host term (:mod:`.host`): an eager call takes ``max(device, T_host)``, ``T_host`` per op and pass
-  calibrated on the host suite of the code the sweep ran (``checks/host-before-delta-kernel-h200.json``),
-  the sweep's own layouts and shapes left out; it lifted the sweep from 58% to the share above. What it
-  cannot follow: on the sweep our host-bound forward measured two levels, about 0.17 and 0.37 ms, in runs
-  of consecutive points (the order of the recording, not the layout), against 0.17 ms in the host suite;
-  FlexAttention's short calls took 0.14-0.19 ms against the host suite's 0.09 ms.
-* the crossover sweep at the short end (N <= 8k), before the host term: our eager forward measured 0.15-0.39 ms whatever its
-  tiles (block-random at 2k: 0.15 ms with 5% of the tiles kept, 0.28 ms with all of them), so the host work
-  of the call, not the kernel, set the time; the fixed cost per call fitted at N >= 4k (0.04 ms) under-predicts
-  it by 2-5x. cuDNN there measured 0.036-0.098 ms at 1k-3k against a fitted per-call floor of 0.153 ms
-  (over-predicted up to 4x). Both misses are the fixed costs, at the lengths where the crossover lies; at
-  16k every forward point of ours is predicted within 16%.
 * layout builds and transposes: 1-3 ms of host work that varies up to 2x between patterns and is not
   monotone in N (causal: 1.39 ms at 32k, 0.82 ms at 131k); only the cell-evaluation term of a mask_mod
   without a rule is predictable (the arbitrary mask: 27 ms at 32k, 410 ms at 131k, predicted within 1%).

@@ -181,6 +181,8 @@ def cmd_repredict(args) -> int:
                 r["predicted_ms"] = pred[key]
                 r["predicted_with"] = f"model of {rec['calibration']['date']}"
                 n += 1
+            if f"{key}:graph" in pred:  # the row's CUDA-graph replay, priced without a host term
+                r["device_predicted_ms"] = pred[f"{key}:graph"]
             elif r.get("predicted_ms") is not None:
                 r["predicted_with"] = "recorded with the row (not re-priced: the layout is not rebuilt on the CPU)"
         path.write_text(json.dumps(doc, indent=1) + "\n")

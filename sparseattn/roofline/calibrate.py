@@ -84,8 +84,8 @@ class Point:
     role: str = ""
 
     def label(self) -> str:
-        extra = "" if self.pass_ != "decode" else f" B={self.case.get('B')} ps={self.case.get('page_size')}" + (
-            " graph" if self.graph else " eager")
+        extra = (" graph" if self.graph else "") if self.pass_ != "decode" else \
+            f" B={self.case.get('B')} ps={self.case.get('page_size')}" + (" graph" if self.graph else " eager")
         source = " (crossover)" if self.id.startswith(EVALUATION_FILES) else ""
         return f"{self.impl} {self.pass_} {self.pattern} N={self.N}{extra}{source}"
 
@@ -103,15 +103,42 @@ _GROUPS = {
 #: decode and layout runs the packaged record was fitted on were later re-recorded (a read ceiling, the fused
 #: transpose); the fit keeps reading the runs it was made from (the same bytes, under the names they now have).
 FILES = ("prefill-h200.json", "backward-h200.json", "decode_keep-h200.json", "decode-sweep-h200.json",
-         "checks/layout-sort-transpose-h200.json")
+         "checks/layout-sort-transpose-h200.json", "versus-h200.json")
+#: Rows of a file that a later recording of the same kernels replaces, by file: the implementations whose
+#: rows there are ``"superseded"`` (neither fitted nor evaluated), and why. Our backward changed after
+#: ``backward-h200.json`` (TMA in both passes, per-pass configs, the dQ pass beside the dK/dV pass); its
+#: current times at the calibration layouts are the ``versus`` suite's rows (:data:`REFRESH_ROWS`).
+SUPERSEDED = {"backward-h200.json": ("sparseattn", "sparseattn-nosplit", "sparseattn-atomic")}
+#: What a refresh file contributes: its rows of these implementations and pass at the calibration shape.
+REFRESH_ROWS = {"versus-h200.json": dict(impls=("sparseattn", "sparseattn-atomic"), pass_="bwd",
+                                         patterns=("causal", "window1024", "sinks64+window1024"),
+                                         case=dict(H=16, D=128, dtype="bf16"))}
 #: Files whose points only ever evaluate the model, read when present: the crossover sweep
 #: (``python -m sparseattn.bench crossover``), recorded after the fit.
 EVALUATION_FILES = ("crossover-h200.json",)
 
 
+def _points_of(fname: str, i: int, r: dict) -> List[Point]:
+    """The points of one recorded row: its event-timed ``ms`` and, for a prefill row that carries one, its
+    CUDA-graph replay ``device_ms`` (id ``...#i:graph``: the device time alone, no host work)."""
+    p = _point_of(fname, i, r)
+    if p is None:
+        return []
+    out = [p]
+    if p.pass_ in ("fwd", "bwd") and r.get("device_ms"):
+        out.append(Point(id=f"{p.id}:graph", group=p.group, impl=p.impl, pass_=p.pass_, pattern=p.pattern, N=p.N,
+                         ms=float(r["device_ms"]), graph=True, case=p.case, row=r))
+    return out
+
+
 def _point_of(fname: str, i: int, r: dict) -> Optional[Point]:
     key = (r["impl"], r["pass"])
     if key not in _GROUPS or r.get("ms") is None or r.get("sweep") or r.get("config"):
+        return None
+    keep = REFRESH_ROWS.get(fname)
+    if keep is not None and not (r["impl"] in keep["impls"] and r["pass"] == keep["pass_"]
+                                 and r["case"].get("pattern") in keep["patterns"]
+                                 and all(r["case"].get(k) == v for k, v in keep["case"].items())):
         return None
     c = r["case"]
     if c.get("family") == "routing":  # a routed layout cannot be rebuilt on the CPU
@@ -141,21 +168,78 @@ def load_points(bench_dir=None, docs: Optional[Dict[str, dict]] = None) -> List[
         if doc is None:
             raise FileNotFoundError(f"the calibration needs {fname} (docs has {sorted(docs or {})})")
         for i, r in enumerate(doc["results"]):
-            p = _point_of(fname, i, r)
-            if p is not None:
-                p.role = role_of(p)
+            for p in _points_of(fname, i, r):
+                p.role = "superseded" if p.impl in SUPERSEDED.get(fname, ()) else role_of(p)
                 points.append(p)
-    fitted = {_shape_key(p) for p in points if p.role == "calibration"}
+    points += host_suite_device_points(bench_dir, docs)
+    sweep_points = []
     for fname in EVALUATION_FILES:
         doc = doc_of(fname)
         if doc is None:
             continue
+        parts = doc.get("parts", {})
         for i, r in enumerate(doc["results"]):
-            p = _point_of(fname, i, r)
-            if p is not None:
-                p.role = "repeat" if _shape_key(p) in fitted else "evaluation"
-                points.append(p)
-    return points
+            for p in _points_of(fname, i, r):
+                # the host path the row's part ran (recorded since the cached launch; before it, every run
+                # bound its launches through Triton), and the host time the part measured for the row's op
+                part = parts.get(r.get("part"), {})
+                p.row.setdefault("_host_path", part.get("host_path", H.RECORDED_PATH))
+                measured = part.get("host_ms", {}).get(f"{r['impl']}/{p.pass_}")
+                if measured is not None:
+                    p.row.setdefault("_host_ms", measured)
+                sweep_points.append(p)
+    # a host-suite device point whose call the sweep also measured is kept out of the fit (disjointness) ...
+    sweep = sweep_fingerprints(sweep_points)
+    for p in points:
+        if p.role == "calibration" and p.id.startswith(HOST_DEVICE_PREFIX) and \
+                H.fingerprint(_layout(p.pattern, p.N), p.case) in sweep:
+            p.role = "repeat"
+    # ... and a sweep point that re-measures a fitted layout and shape is left out of the evaluation
+    fitted = {_shape_key(p) for p in points if p.role == "calibration"}
+    for p in sweep_points:
+        p.role = "repeat" if _shape_key(p) in fitted else "evaluation"
+    return points + sweep_points
+
+
+#: The id prefix of the host suites' device points (:func:`host_suite_device_points`) and their files.
+HOST_DEVICE_PREFIX = "host:"
+HOST_DEVICE_FILES = tuple(sorted(set(H.HOST_FILES.values()))) + ("checks/host-bwd-profile-h200.json",)
+#: Ops whose short-end device points come only from these files: recorded with the op's current kernels
+#: (our backward changed after the other host recordings; see :data:`SUPERSEDED`).
+DEVICE_CURRENT = {("sparseattn", "bwd"): ("checks/host-bwd-profile-h200.json",)}
+#: Every file :func:`load_points` reads (a notebook passes them as ``docs``).
+READ_FILES = FILES + EVALUATION_FILES + HOST_DEVICE_FILES
+
+
+def sweep_repeats(points: Iterable) -> Set[int]:
+    """Row indices of the crossover file whose event-timed point is a ``"repeat"`` (a fitted layout and
+    shape measured again: left out of the accuracy)."""
+    return {int(p.id.split("#")[1]) for p in points
+            if p.id.startswith(EVALUATION_FILES) and not p.graph and p.role == "repeat"}
+
+
+def host_suite_device_points(bench_dir=None, docs: Optional[Dict[str, dict]] = None) -> List[Point]:
+    """Calibration points at the short end: the host suites' CUDA-graph replays (``device_ms``) of our
+    forward and backward and FlexAttention's on the calibration layouts, N = 1k to 4k (``host.HOST_FILES``).
+    They pin the per-call device cost that the long-sequence points cannot separate from the per-tile rate;
+    their event times are not used (host-bound). cuDNN's rows are left out: their envelopes are the sweep's
+    own cuDNN points. A row whose layout and shape the sweep measured is a ``"repeat"`` (:func:`load_points`)."""
+    bench_dir = pathlib.Path(bench_dir) if bench_dir is not None else BENCH_DIR
+    out = []
+    for fname in HOST_DEVICE_FILES:
+        if docs is not None and fname not in docs:
+            raise FileNotFoundError(f"the calibration needs {fname} (docs has {sorted(docs)})")
+        doc = docs[fname] if docs is not None else json.loads((bench_dir / fname).read_text())
+        for i, r in enumerate(doc["results"]):
+            key = (r["impl"], r["pass"])
+            if r["impl"] not in ("sparseattn", "flex") or key not in _GROUPS or not r.get("device_ms") \
+                    or r["case"]["pattern"] not in CALIBRATION_PATTERNS or fname not in DEVICE_CURRENT.get(key, (fname,)):
+                continue
+            c = r["case"]
+            out.append(Point(id=f"{HOST_DEVICE_PREFIX}{fname}#{i}:graph", group=_GROUPS[key], impl=r["impl"],
+                             pass_=r["pass"], pattern=c["pattern"], N=int(c["N"]), ms=float(r["device_ms"]),
+                             graph=True, case=c, row=r, role="calibration"))
+    return out
 
 
 def _canonical_pattern(p: Point) -> str:
@@ -184,7 +268,9 @@ def _shape_key(p: Point) -> tuple:
 def role_of(p: Point) -> str:
     """``"calibration"`` or ``"evaluation"`` by the fixed rule of the module docstring."""
     g = p.group
-    if g in ("sparseattn/fwd", "flex/fwd", "sparseattn/bwd", "sparseattn/bwd-atomic", "flex/bwd"):
+    if p.id.startswith(HOST_DEVICE_PREFIX):
+        ok = True  # the short-end device points (sweep repeats are set apart by load_points)
+    elif g in ("sparseattn/fwd", "flex/fwd", "sparseattn/bwd", "sparseattn/bwd-atomic", "flex/bwd"):
         ok = p.pattern in CALIBRATION_PATTERNS and p.impl != "sparseattn-nosplit"
     elif g == "cudnn/fwd":
         ok = p.N in (4096, 16384, 65536)
@@ -278,18 +364,19 @@ SPECS = {
                       fixed={"partial_overhead": 0.0}, tied={"eff_memory": "sparseattn/decode:eff_memory"}),
     # the backward's per-program prologue/epilogue (K, V loads; dK, dV stores) is its own; a partial step's
     # extra mask work is taken to cost the forward's fraction (two backward points per model cannot fit both)
-    "sparseattn/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2), ("program_overhead", 1.0, 0.0, 30.0)],
+    # the short-end device points give the backward its own per-call cost (Δ, the two passes, the reduces)
+    "sparseattn/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2), ("program_overhead", 1.0, 0.0, 30.0),
+                                 ("call_ms", 0.05, 0.0, 0.3)],
                            tied={"eff_memory": "sparseattn/decode:eff_memory",
-                                 "partial_overhead": "sparseattn/fwd:partial_overhead",
-                                 "call_ms": "sparseattn/fwd:call_ms"}),
+                                 "partial_overhead": "sparseattn/fwd:partial_overhead"}),
     "sparseattn/bwd-atomic": dict(free=[("eff_compute", 0.5, 0.05, 1.2)],
                                   tied={"eff_memory": "sparseattn/decode:eff_memory",
                                         "partial_overhead": "sparseattn/fwd:partial_overhead",
                                         "program_overhead": "sparseattn/bwd:program_overhead",
-                                        "call_ms": "sparseattn/fwd:call_ms"}),
-    "flex/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2), ("program_overhead", 1.0, 0.0, 30.0)],
-                     tied={"eff_memory": "sparseattn/decode:eff_memory", "partial_overhead": "flex/fwd:partial_overhead",
-                           "call_ms": "flex/fwd:call_ms"}),
+                                        "call_ms": "sparseattn/bwd:call_ms"}),
+    "flex/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2), ("program_overhead", 1.0, 0.0, 30.0),
+                           ("call_ms", 0.05, 0.0, 0.3)],
+                     tied={"eff_memory": "sparseattn/decode:eff_memory", "partial_overhead": "flex/fwd:partial_overhead"}),
     "cudnn/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2)],
                       fixed={"partial_overhead": 0.0},
                       tied={"eff_memory": "sparseattn/decode:eff_memory", "program_overhead": "cudnn/fwd:program_overhead",
@@ -344,11 +431,14 @@ def _predict_point(p: Point, work, params: dict, ceil: Ceilings, host: Optional[
 
 def _host_for(p: Point, host: Optional[dict]) -> Optional[dict]:
     """The host-term parameters that price a recorded eager prefill point: its op and pass on the host path
-    every recorded file ran (:data:`.host.RECORDED_PATH`)."""
-    if host is None or p.pass_ not in ("fwd", "bwd"):
+    its run used (a crossover part records it; every other recorded file ran :data:`.host.RECORDED_PATH`)."""
+    if host is None or p.pass_ not in ("fwd", "bwd") or p.graph:
         return None
+    if p.row.get("_host_ms") is not None:  # measured in the point's own run, on a layout it did not sweep
+        return {"host_ms": float(p.row["_host_ms"]), "host_launch_ms": 0.0}
     impl = "sparseattn" if p.impl.startswith("sparseattn") else p.impl
-    return host["paths"][host["recorded"]]["params"].get(f"{impl}/{p.pass_}")
+    path = p.row.get("_host_path", host["recorded"])
+    return host["paths"][path]["params"].get(f"{impl}/{p.pass_}")
 
 
 def work_dtype(p: Point):
@@ -455,19 +545,29 @@ CLASSES = {
     "decode, eager (ours)": ("sparseattn/decode:eager",),
     "decode (cuDNN)": ("cudnn/decode",),
     "layout build + transpose": ("index/layout", "index/transpose"),
-    "crossover sweep: ours": ("crossover:sparseattn/fwd", "crossover:sparseattn/bwd",
-                              "crossover:sparseattn/decode:graph"),
-    "crossover sweep: Flex, cuDNN": ("crossover:flex/fwd", "crossover:flex/bwd", "crossover:cudnn/fwd",
-                                     "crossover:cudnn/bwd", "crossover:cudnn/decode"),
+    # the sweep's CUDA-graph replays (device time: the kernels and their per-call device cost) and its eager
+    # event times (device + the host's excess, which follows the machine's host speed of the moment)
+    "crossover sweep: ours, device": ("crossover:sparseattn/fwd:graph", "crossover:sparseattn/bwd:graph",
+                                      "crossover:sparseattn/decode:graph"),
+    "crossover sweep: Flex, cuDNN, device": ("crossover:flex/fwd:graph", "crossover:flex/bwd:graph",
+                                             "crossover:cudnn/fwd:graph", "crossover:cudnn/bwd:graph",
+                                             "crossover:cudnn/decode"),
+    "crossover sweep: ours, eager": ("crossover:sparseattn/fwd", "crossover:sparseattn/bwd"),
+    "crossover sweep: Flex, cuDNN, eager": ("crossover:flex/fwd", "crossover:flex/bwd", "crossover:cudnn/fwd",
+                                            "crossover:cudnn/bwd"),
 }
-CROSSOVER_CLASSES = ("crossover sweep: ours", "crossover sweep: Flex, cuDNN")
+CROSSOVER_CLASSES = ("crossover sweep: ours, device", "crossover sweep: Flex, cuDNN, device",
+                     "crossover sweep: ours, eager", "crossover sweep: Flex, cuDNN, eager")
+#: The sweep summarised by how it was timed (the issue's acceptance is read on each, reported side by side).
+SWEEP_TIMINGS = {"crossover sweep: device (all)": CROSSOVER_CLASSES[:2],
+                 "crossover sweep: eager (all)": CROSSOVER_CLASSES[2:]}
 
 
 def _class_key(row: dict) -> str:
     src = "crossover:" if row["id"].startswith(EVALUATION_FILES) else ""
     if row["group"] == "sparseattn/decode":
         return src + "sparseattn/decode:" + ("graph" if " graph" in row["label"] else "eager")
-    return src + row["group"]
+    return src + row["group"] + (":graph" if row["id"].endswith(":graph") else "")
 
 
 def accuracy(rows: List[dict]) -> dict:
@@ -485,6 +585,9 @@ def accuracy(rows: List[dict]) -> dict:
     out["kernels (all evaluation points except eager decode and layout builds)"] = _dist(kernel)
     sweep = {k for c in CROSSOVER_CLASSES for k in CLASSES[c]}
     out["crossover sweep (all)"] = _dist([r["ratio"] for r in ev if _class_key(r) in sweep])
+    for name, classes in SWEEP_TIMINGS.items():
+        keys = {k for c in classes for k in CLASSES[c]}
+        out[name] = _dist([r["ratio"] for r in ev if _class_key(r) in keys])
     out["sweep_series"] = sweep_series(rows)
     out["outside_25pct"] = [{"label": r["label"], "ratio": round(r["ratio"], 3), "measured_ms": r["measured_ms"],
                              "predicted_ms": round(r["predicted_ms"], 5)} for r in ev if abs(r["ratio"] - 1) > 0.25]
@@ -499,11 +602,15 @@ def sweep_series(rows: List[dict]) -> Dict[str, dict]:
     def series_of(r):
         impl = r.get("impl") or r["group"].split("/")[0]
         pass_ = r.get("pass") or r["group"].split("/")[1]
-        return f"{impl} {pass_} {r.get('family') or ''}".strip()
+        graph = " graph" if r["id"].endswith(":graph") else ""
+        return f"{impl} {pass_} {r.get('family') or ''}".strip() + graph
 
     out = {name: _dist([r["ratio"] for r in ev if series_of(r) == name]) for name in sorted({series_of(r) for r in ev})}
     for name, keep in (("N < 8k", lambda r: r.get("N", 0) < 8192), ("N >= 8k", lambda r: r.get("N", 0) >= 8192)):
         out[name] = _dist([r["ratio"] for r in ev if keep(r)])
+        for timing, graph in ((", device", True), (", eager", False)):
+            out[name + timing] = _dist([r["ratio"] for r in ev if keep(r) and r["id"].endswith(":graph") == graph
+                                        and r.get("pass") != "decode"])
     return out
 
 
@@ -526,6 +633,7 @@ def summary_table(acc: dict) -> str:
     items = list(acc["classes"].items())
     items.append(("all kernel models (no eager decode)",
                   acc["kernels (all evaluation points except eager decode and layout builds)"]))
+    items += [(name, acc.get(name, {"n": 0})) for name in SWEEP_TIMINGS]
     items.append(("crossover sweep (all)", acc.get("crossover sweep (all)", {"n": 0})))
     for name, d in items:
         if d["n"] == 0:
@@ -602,6 +710,8 @@ def run(bench_dir=None, out: Optional[pathlib.Path] = None, slug: str = "h200", 
         "calibration_points": [p.id for p in points if p.role == "calibration"],
         "evaluation_points": [p.id for p in points if p.role == "evaluation"],
         "repeated_points": [p.id for p in points if p.role == "repeat"],
+        "superseded_points": [p.id for p in points if p.role == "superseded"],
+        "superseded_rule": {f: {"impls": list(v), "by": list(REFRESH_ROWS)} for f, v in SUPERSEDED.items()},
         "points": rows,
         "accuracy": acc,
         # the model this fit replaced, on the same sweep points: its summary kept for the before/after table

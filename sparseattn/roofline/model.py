@@ -301,7 +301,8 @@ def evaluated_cells_of(mask_mod, q_len: int, kv_len: int, block_q: int = 128, bl
 
 def cost(layout, shape=None, pass_: str = "fwd", routing=None, config=None, deterministic: bool = True, *,
          pages: Optional[PageSelection] = None, keep: Optional[float] = None, seqs=None, impl: str = "sparseattn",
-         graph: bool = False, rebuild_layout: bool = False, device=None) -> Cost:
+         graph: bool = False, rebuild_layout: bool = False, device=None,
+         host_ms: Optional[float] = None) -> Cost:
     """Predict one call of ``impl`` (``"sparseattn"``, ``"flex"`` or ``"cudnn"``) on ``device``'s ceilings.
 
     - prefill (``pass_="fwd"`` / ``"bwd"``): ``layout`` is the :class:`BlockLayout` (for cuDNN, its dense or
@@ -314,6 +315,9 @@ def cost(layout, shape=None, pass_: str = "fwd", routing=None, config=None, dete
     - ``routing``: the routing step's time in ms (a number) or None; ``rebuild_layout=True`` adds the layout
       build to the step. ``device``: None (the recorded H200), a device name, a CUDA device or a
       :class:`Ceilings`.
+    - eager prefill (``graph=False``): calls issued back to back take the slower of device and host time;
+      ``host_ms``: this machine's host time of one call of the op in ms (measured, e.g. by the crossover
+      suite at the start of each part) instead of the recorded one.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -332,7 +336,12 @@ def cost(layout, shape=None, pass_: str = "fwd", routing=None, config=None, dete
     work = work_of(layout, s, pass_, config, deterministic, pages=pages, keep=keep, seqs=seqs, impl=impl,
                    device=ceil)
     params = model_params(impl, pass_, deterministic=deterministic, record=record)
-    terms = predict(work, params, ceil, s.dtype, graph=graph, host=host_params(impl, pass_, record=record))
+    host = host_params(impl, pass_, record=record)
+    if host_ms is not None:
+        if isinstance(host_ms, bool) or not isinstance(host_ms, (int, float)) or not host_ms >= 0:
+            raise TypeError(f"host_ms must be a host time in ms (a number >= 0) or None, got {host_ms!r}")
+        host = {"host_ms": float(host_ms), "host_launch_ms": 0.0}
+    terms = predict(work, params, ceil, s.dtype, graph=graph, host=host)
     t_route = float(routing or 0.0)
     build = index_build_ms(layout, pass_, record) if pass_ != "decode" else 0.0
     t_index = build if rebuild_layout else 0.0
