@@ -144,3 +144,37 @@ def test_bad_launch_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"config: {fwd_field} must be"):
         sa.sparse_attention(x, x, x, layout, config=sa.FwdConfig(
             **{**dict(block_m=32, block_n=32, num_warps=4, num_stages=1), fwd_field: value}))
+
+
+def test_backward_fills_no_gradient_for_the_lse():
+    """The LSE output has no gradient: a backward call allocates its outputs and workspaces but never fills a
+    zero dLSE (autograd would materialise one, a kernel launch more per call on a GPU); with only the LSE
+    used downstream nothing flows back."""
+    from torch.profiler import ProfilerActivity, profile
+    L = 64
+    layout = BlockLayout.from_mask_mod(P.causal(), L, L, 16, 16, device="cpu")
+    q, k, v = (rand(1, 2, L, 16).requires_grad_() for _ in range(3))
+    o, lse = sa.sparse_attention(q, k, v, layout, return_lse=True)
+    do = torch.randn_like(o)
+    torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # plans and caches built
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    ops = {e.key for e in prof.key_averages()}
+    assert not ops & {"aten::zeros", "aten::zeros_like", "aten::zero_", "aten::fill_"}, ops
+    assert not lse.requires_grad
+
+
+def test_fill_split_only_when_columns_cannot_fill_the_gpu(monkeypatch):
+    """The default chunk is capped at half an SM's fair share only when the launch has fewer columns than
+    the GPU has SMs (one head of a long causal layout); with a column per SM or more the columns stay whole
+    and the pass needs no reduce launch."""
+    from sparseattn.ops import _launch
+    from sparseattn.ops.backward import column_work
+    monkeypatch.setattr(_launch, "num_sms", lambda device: 132)
+    L = 2048  # 16 key tiles of 128
+    window = BlockLayout.from_mask_mod(P.sliding_window(1024), L, L, 128, 128, device="cpu")
+    many = column_work(window, 128, None, programs=16)  # 256 columns on 132 SMs
+    assert many.n_ws == 0 and many.reduce.shape[0] == 0 and many.chunk >= 9
+    causal = BlockLayout.from_mask_mod(P.causal(), 16384, 16384, 128, 128, device="cpu")
+    few = column_work(causal, 128, None, programs=1)  # 128 columns on 132 SMs: the long ones are cut
+    assert few.n_ws > 0 and few.reduce.shape[0] > 0 and few.chunk < 128

@@ -66,10 +66,13 @@ class _SparseAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.layout, ctx.scale, ctx.deterministic, ctx.bwd_config = layout, scale, deterministic, bwd_config
         ctx.mark_non_differentiable(lse)
+        # the LSE has no gradient: without this, autograd fills a zero dLSE at every backward (one more kernel
+        # launch and its host time in each call; on the H200 box a backward call was host-bound up to N = 4k)
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
-    def backward(ctx, do, dlse):
+    def backward(ctx, do, dlse):  # dlse is None (not materialised); do never is: o is the only differentiable output
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = backward(do, q, k, v, o, lse, ctx.layout, ctx.scale, ctx.deterministic, ctx.bwd_config)
         return dq, dk, dv, None, None, None, None, None, None

@@ -27,9 +27,11 @@ class ColumnWork(NamedTuple):
 def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None, programs: int = 1) -> ColumnWork:
     """The dK/dV work plan, cached per layout. A column is cut into chunks of at most ``chunk`` listed query
     tiles so that a column every row visits (a sink) does not become the tail of the launch (``None``: twice
-    the mean column length, at least 8 -- and, when the launch is too small to fill the GPU, at most half of
-    one SM's fair share of the listed tiles, ``programs`` = batch x KV heads copies of every item: at one head
-    a causal column of 128 tiles would otherwise run alone for as long as the rest of the pass). Items are
+    the mean column length, at least 8 -- and, when the launch has fewer columns than the GPU has SMs, at
+    most half of one SM's fair share of the listed tiles, ``programs`` = batch x KV heads copies of every
+    item: at one head a causal column of 128 tiles would otherwise run alone for as long as the rest of the
+    pass; with a column per SM or more, cutting only adds the reduce launch -- H200, window 1024 at N = 2k,
+    16 heads: 0.149 ms cut against 0.142 whole, causal 0.179 against 0.173). Items are
     ordered longest first. Items of split columns get a workspace slot; their partial dK/dV are summed in a
     fixed order afterwards (deterministic).
 
@@ -46,8 +48,10 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None, 
             nonempty = totals[totals > 0]
             mean = float(nonempty.float().mean()) if nonempty.numel() else 1.0
             size = max(8, int(2 * mean + 0.999))
-            share = float(totals.sum()) * (layout.block_k // block_n) * programs / L.num_sms(dev)
-            size = max(8, min(size, math.ceil(share / 2)))
+            sms = L.num_sms(dev)
+            if math.ceil(layout.kv_len / block_n) * programs < sms:  # the launch cannot fill the GPU
+                share = float(totals.sum()) * (layout.block_k // block_n) * programs / sms
+                size = max(8, min(size, math.ceil(share / 2)))
         sub = layout.block_k // block_n
         n_sub = math.ceil(layout.kv_len / block_n)
         per_col = torch.clamp((totals + size - 1) // size, min=1)  # chunks per layout column
