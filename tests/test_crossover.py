@@ -199,10 +199,11 @@ def _synthetic() -> BenchFile:
     for N, ours, flex, dense in ((1024, 2.0, 4.0, 1.0), (2048, 1.5, 2.0, 1.0), (4096, 0.5, 1.5, 1.0),
                                  (8192, 0.25, 0.5, 1.0)):
         case = {**base, "N": N, "family": "window", "pattern": "window2048", "envelope": "causal", "kept": 0.5}
-        rows.append(Record(case, Impl.OURS, Pass.FWD, ours, {"predicted_ms": ours * 1.1}))
-        rows.append(Record(case, Impl.FLEX, Pass.FWD, flex, {"predicted_ms": flex}))
+        # device times (graph replays): the kernels alone; ours' host made its short calls slower than its kernels
+        rows.append(Record(case, Impl.OURS, Pass.FWD, ours, {"predicted_ms": ours * 1.1, "device_ms": ours * 0.6}))
+        rows.append(Record(case, Impl.FLEX, Pass.FWD, flex, {"predicted_ms": flex, "device_ms": flex}))
         rows.append(Record({**base, "N": N, "pattern": "causal", "envelope": "causal"}, Impl.CUDNN, Pass.FWD, dense,
-                           {"predicted_ms": dense}))
+                           {"predicted_ms": dense, "device_ms": dense}))
     rows.append(Record({**base, "N": 4096, "pattern": "dense", "envelope": "dense"}, Impl.CUDNN, Pass.FWD, 2.0,
                        {"predicted_ms": 2.0}))
     for kept in (0.1, 0.2, 0.4, 0.8, 0.8):  # a repeated kept fraction is counted once
@@ -226,6 +227,11 @@ def test_measured_crossovers_on_a_synthetic_file():
     assert w["ours"] == crossing(w["grid"], [2.0, 1.5, 0.5, 0.25], [1.0] * 4, "N")
     assert 2048 < w["ours"][0] < 4096 and 4096 < w["flex"][0] < 8192
     assert w["ours_predicted"][1] == "crosses" and w["ours_predicted"][0] > w["ours"][0]  # predicted 10% slower
+    # the same crossings on the device times: ours' kernels cross between 1024 and 2048, Flex's as measured
+    assert w["ours_device"] == crossing(w["grid"], [1.2, 0.9, 0.3, 0.15], [1.0] * 4, "N")
+    assert 1024 < w["ours_device"][0] < 2048 and w["flex_device"] == w["flex"]
+    b = entries[("block_random", "fwd", 4096)]
+    assert b["ours_device"] == b["flex_device"] == (None, "not measured")  # rows without device times
     b = entries[("block_random", "fwd", 4096)]
     assert b["grid"] == [0.1, 0.2, 0.4, 0.8] and b["ours"][0] == pytest.approx(0.5)  # ours = cuDNN at kept 0.5
     assert b["flex"] == (None, "not measured")

@@ -59,7 +59,8 @@ NAME = "crossover"
 DEFAULT_N = ",".join(str(n) for n in N_GRID)
 CONFIG_KIND = None  # no config sweep
 PARTS = ("fwd", "bwd", "decode")
-COLUMNS = ["family", "pass", "N", "variable", "ours", "flex", "ours_predicted", "points", "pred/meas"]
+COLUMNS = ["family", "pass", "N", "variable", "ours", "flex", "ours_device", "flex_device", "ours_predicted", "points",
+           "pred/meas"]
 
 #: families measured along the length, with their pattern parameters
 LENGTH_FAMILIES: Dict[str, dict] = {"window": {"window": 2048}, "sinks_window": {"sinks": 64, "window": 1024}}
@@ -638,6 +639,10 @@ def measured_crossovers(bf: BenchFile) -> List[dict]:
         pred, cud_pred = [p[1].get("predicted_ms") for p in pts], [p[2].get("predicted_ms") for p in pts]
         fx = [p[3].ms if p[3] is not None else None for p in pts]
         fpts = [(g, f, c) for g, f, c in zip(grid, fx, cud) if f is not None]
+        # the same crossings on the CUDA-graph replays: the kernels alone, whatever the host's speed that day
+        dev = lambda r: r.get("device_ms") if r is not None else None  # noqa: E731
+        odev = [(g, dev(p[1]), dev(p[2])) for g, p in zip(grid, pts) if dev(p[1]) and dev(p[2])]
+        fdev = [(g, dev(p[3]), dev(p[2])) for g, p in zip(grid, pts) if dev(p[3]) and dev(p[2])]
         have_pred = all(x is not None for x in pred + cud_pred)
         out.append({"family": fam, "pass": pass_, "N": N, "B": None, "pattern": pattern or rows[0].case["family"],
                     "variable": variable, "envelope": pts[0][1].case["envelope"], "grid": grid,
@@ -646,6 +651,8 @@ def measured_crossovers(bf: BenchFile) -> List[dict]:
                     "flex_predicted_ms": [p[3].get("predicted_ms") if p[3] is not None else None for p in pts],
                     "ours": crossing(grid, ours, cud, variable),
                     "flex": crossing(*map(list, zip(*fpts)), variable) if fpts else (None, "not measured"),
+                    "ours_device": crossing(*map(list, zip(*odev)), variable) if odev else (None, "not measured"),
+                    "flex_device": crossing(*map(list, zip(*fdev)), variable) if fdev else (None, "not measured"),
                     "ours_bracket": bracket(grid, ours, cud, variable),
                     "flex_bracket": bracket(*map(list, zip(*fpts)), variable) if fpts else _NOT_MEASURED,
                     "ours_predicted": crossing(grid, pred, cud_pred, variable) if have_pred else (None, "no prediction"),
@@ -669,6 +676,7 @@ def measured_crossovers(bf: BenchFile) -> List[dict]:
                     "cudnn_ms": cud, "ours_predicted_ms": pred, "cudnn_predicted_ms": cud_pred,
                     "flex_predicted_ms": [None] * len(grid), "step_ms": step,
                     "ours": crossing(grid, ours, cud, "keep"), "flex": (None, "not measured"),
+                    "ours_device": (None, "not measured"), "flex_device": (None, "not measured"),
                     "ours_bracket": bracket(grid, ours, cud, "keep"), "flex_bracket": _NOT_MEASURED,
                     "step": crossing([g for g, _ in spts], [x for _, x in spts], cud[:len(spts)], "keep")
                     if spts else (None, "not measured"),
@@ -714,7 +722,8 @@ def crossover_table(bf: BenchFile) -> List[dict]:
         rs = ratio_summary(e["ratios"])
         where = f"B={e['B']} L={e['N']}" if e["B"] else ("grid" if e["N"] is None else e["N"])
         table.append({"family": e["pattern"], "pass": e["pass"], "N": where, "variable": e["variable"],
-                      "ours": _fmt(*e["ours"]), "flex": _fmt(*e["flex"]), "ours_predicted": _fmt(*e["ours_predicted"]),
+                      "ours": _fmt(*e["ours"]), "flex": _fmt(*e["flex"]), "ours_device": _fmt(*e["ours_device"]),
+                      "flex_device": _fmt(*e["flex_device"]), "ours_predicted": _fmt(*e["ours_predicted"]),
                       "points": len(e["grid"]), "pred/meas": f"{rs['median']:.2f}" if rs["n"] else ""})
     rs = ratio_summary([x["ratio"] for x in prediction_ratios(bf)])
     if rs["n"]:
