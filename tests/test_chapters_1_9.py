@@ -113,6 +113,26 @@ def test_four_ways_series_merges_the_two_suites(xo):
         (Impl.CUDNN, "causal"))]
 
 
+
+def test_one_run_on_device_time():
+    """``timing="device"`` reads each row's CUDA-graph replay (``device_ms``) instead of its event time; the
+    naive rows and runs recorded before graph replays have none, so they drop out."""
+    rec = load("crossover")
+    d = V1.one_run(rec, "sinks64+window1024", timing="device")
+    e = V1.one_run(rec, "sinks64+window1024")
+    assert d[Impl.NAIVE] == [] and e[Impl.NAIVE]
+    for impl, pattern in ((Impl.OURS, "sinks64+window1024"), (Impl.CUDNN, "causal")):
+        rows = {r.case["N"]: r for r in rec.select(impl, Pass.FWD, pattern=pattern) if r.ms is not None}
+        assert [ms for _, ms, _ in d[impl]] == [rows[n].get("device_ms") for n, _, _ in d[impl]]
+        assert [ms for _, ms, _ in e[impl]] == [rows[n].ms for n, _, _ in e[impl]]
+    # the short, host-bound calls lose their host time in the replay
+    assert all(dm < em for (n, dm, _), (_, em, _) in zip(d[Impl.OURS], e[Impl.OURS]) if n <= 4096)
+    pre = V1.one_run(load("prefill"), "sinks64+window1024", timing="device")
+    assert all(v == [] for v in pre.values())
+    assert V1.measured_crossover(pre)["state"] == "not measured"
+    with pytest.raises(ValueError, match="timing must be"):
+        V1.one_run(rec, "sinks64+window1024", timing="wall")
+
 def test_work_ledger_counts_and_prices(xo):
     for name in ("sinks64+window1024", "random10%+diag"):
         lay = prefill_layout(name, 4096, device="cpu")
