@@ -1,6 +1,6 @@
 """Chapter 9, the roofline and the crossover: the measured ceilings, arithmetic intensity of prefill and
-decode work on the roofline, the model's predictions against the recorded ``crossover`` suite (scatter and
-ratio distribution), crossover curves per family and pass, where the model misses (launch tails, host time),
+decode work on the roofline, the model's predictions against the recorded ``crossover`` suite on device time
+and on eager time (scatter, ratio against N, accuracy per class, the run's host times), crossover curves per family and pass, where the model misses (launch tails, host time),
 where a profiled step's time went, and the kernel-free explorer of the model's terms."""
 from __future__ import annotations
 
@@ -19,12 +19,9 @@ from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, bracket, describe_
 from . import COLORS, Table
 from ._axes import tidy_log
 
-__all__ = ["ceilings_table", "intensity_points", "roofline_figure", "prediction_scatter", "ratio_figure",
-           "TIMINGS", "sweep_points", "timing_scatter", "timing_ratio_figure", "accuracy_table", "host_table", "length_brackets",
-           "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure",
+__all__ = ["ceilings_table", "intensity_points", "roofline_figure", "TIMINGS", "sweep_points", "timing_scatter",
+           "timing_ratio_figure", "accuracy_table", "host_table", "length_brackets", "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure",
            "profile_figure", "EXPLORER_FAMILIES", "explorer_layout", "terms_figure"]
-
-_PASS_SYMBOL = {Pass.FWD: "circle", Pass.BWD: "square", Pass.DECODE_GRAPH: "diamond", Pass.DECODE_DENSE: "diamond"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -120,60 +117,6 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
 # ---------------------------------------------------------------------------------------------------------
 # predicted against measured
 # ---------------------------------------------------------------------------------------------------------
-def _series(r: dict) -> str:
-    return f"{r['impl']} {r['pass']}"
-
-
-def prediction_scatter(doc: BenchFile, exclude=()) -> go.Figure:
-    """Predicted against measured ms for every row of the crossover suite with a prediction (but the row
-    indices in ``exclude``), one colour per implementation, one marker per pass, with y = x and the +-25%
-    band."""
-    rows = prediction_ratios(doc, exclude)
-    if not rows:
-        raise LookupError(f"no row of {doc.suite!r} carries predicted_ms")
-    fig = go.Figure()
-    for key in sorted({_series(r) for r in rows}):
-        rs = [r for r in rows if _series(r) == key]
-        fig.add_trace(go.Scatter(x=[r["measured_ms"] for r in rs], y=[r["predicted_ms"] for r in rs], mode="markers",
-                                 name=key, marker=dict(color=COLORS[rs[0]["impl"]], size=8,
-                                                       symbol=_PASS_SYMBOL.get(rs[0]["pass"], "circle")),
-                                 text=[f"{r['pattern']} N={r['N']}" for r in rs],
-                                 hovertemplate="%{text}: measured %{x:.3g} ms, predicted %{y:.3g} ms<extra></extra>"))
-    v = [r[k] for r in rows for k in ("measured_ms", "predicted_ms")]
-    lo, hi = min(v) / 1.3, max(v) * 1.3
-    for f, name, dash in ((1.0, "predicted = measured", "solid"), (1.25, "+-25%", "dot"), (0.75, None, "dot")):
-        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo * f, hi * f], mode="lines", name=name, showlegend=name is not None,
-                                 line=dict(color="gray", dash=dash, width=1), hoverinfo="skip"))
-    s = ratio_summary([r["ratio"] for r in rows])
-    fig.update_layout(xaxis_type="log", yaxis_type="log", height=540, title_font_size=12,
-                      xaxis_title="measured ms (median)", yaxis_title="predicted ms (cost model, fitted elsewhere)",
-                      title=f"Predicted vs measured, {s['n']} rows of the crossover sweep<br><sup>"
-                            f"{s['within_25pct']:.0%} within 25%, median ratio {s['median']:.2f}; "
-                            f"{doc.caption()}</sup>")
-    fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
-    fig.update_yaxes(range=[math.log10(lo), math.log10(hi)])
-    return tidy_log(fig)
-
-
-def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
-    """The distribution of predicted / measured per implementation and pass (every row a dot, the box its
-    quartiles; the row indices in ``exclude`` left out), on a log axis, with the +-25% band."""
-    rows = prediction_ratios(doc, exclude)
-    fig = go.Figure()
-    for key in sorted({_series(r) for r in rows}):
-        rs = [r for r in rows if _series(r) == key]
-        fig.add_trace(go.Box(y=[r["ratio"] for r in rs], name=key, boxpoints="all", jitter=0.4, pointpos=0,
-                             marker=dict(color=COLORS[rs[0]["impl"]], size=5), line=dict(color=COLORS[rs[0]["impl"]]),
-                             text=[f"{r['pattern']} N={r['N']}" for r in rs]))
-    fig.add_hrect(y0=0.75, y1=1.25, fillcolor="gray", opacity=0.12, line_width=0)
-    ys = [r["ratio"] for r in rows]
-    fig.update_layout(yaxis_type="log", height=440, title_font_size=12, showlegend=False,
-                      yaxis_title="predicted / measured", xaxis_title="series (implementation, pass)", title=f"Ratio per series (band: +-25%)<br><sup>"
-                                                                f"{doc.caption()}</sup>")
-    fig.update_yaxes(range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
-    return tidy_log(fig)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # predicted against measured, device time and eager time, as the calibration record prices them
 # ---------------------------------------------------------------------------------------------------------
