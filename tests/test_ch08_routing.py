@@ -117,11 +117,21 @@ def test_overhead_against_n_from_the_crossover_sweep():
         rows.append({"case": c, "impl": Impl.OURS, "pass": Pass.FWD, "ms": attn, "predicted_ms": 0.1})
         rows.append({"case": dict(N=N, B=1, H=16, D=128, dtype="bf16", pattern="causal"), "impl": Impl.CUDNN,
                      "pass": Pass.FWD, "ms": cud, "predicted_ms": 0.1})
+    # the backward part times route() again: its row is not the forward's
+    c = dict(rows[0]["case"])
+    rows.append({"case": c, "impl": Impl.OURS, "pass": Pass.ROUTE, "ms": 9.0, "part": "bwd"})
+    rows.append({"case": c, "impl": Impl.FLEX, "pass": Pass.FWD, "ms": 0.2, "predicted_ms": 0.1})
     xo = BenchFile.from_json({**env, "results": rows})
     pts = viz.sweep_overhead(xo)
     assert [p["N"] for p in pts] == [2048, 4096] and pts[0] == {"N": 2048, "topk": 2, "route": 0.5,
-                                                               "attention": 0.6, "cudnn": 0.05}
+                                                               "attention": 0.6, "flex": 0.2, "cudnn": 0.05}
+    assert pts[1]["flex"] is None
     fig = viz.sweep_overhead_figure(xo)
     assert list(fig.data[3].y) == pytest.approx([100 * 0.5 / 1.1] * 2)
+    assert list(fig.data[4].x) == [2048] and list(fig.data[4].y) == [0.2]
+    # two forward-part route rows at one length: ambiguous, an error
+    rows.append({"case": c, "impl": Impl.OURS, "pass": Pass.ROUTE, "ms": 0.4, "part": "fwd"})
+    with pytest.raises(LookupError, match="2 forward-part route rows"):
+        viz.sweep_overhead(BenchFile.from_json({**env, "results": rows}))
     with pytest.raises(LookupError, match="no routing rows"):
         viz.sweep_overhead(xo, keep=0.3)

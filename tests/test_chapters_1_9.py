@@ -113,6 +113,26 @@ def test_four_ways_series_merges_the_two_suites(xo):
         (Impl.CUDNN, "causal"))]
 
 
+
+def test_one_run_on_device_time():
+    """``timing="device"`` reads each row's CUDA-graph replay (``device_ms``) instead of its event time; the
+    naive rows and runs recorded before graph replays have none, so they drop out."""
+    rec = load("crossover")
+    d = V1.one_run(rec, "sinks64+window1024", timing="device")
+    e = V1.one_run(rec, "sinks64+window1024")
+    assert d[Impl.NAIVE] == [] and e[Impl.NAIVE]
+    for impl, pattern in ((Impl.OURS, "sinks64+window1024"), (Impl.CUDNN, "causal")):
+        rows = {r.case["N"]: r for r in rec.select(impl, Pass.FWD, pattern=pattern) if r.ms is not None}
+        assert [ms for _, ms, _ in d[impl]] == [rows[n].get("device_ms") for n, _, _ in d[impl]]
+        assert [ms for _, ms, _ in e[impl]] == [rows[n].ms for n, _, _ in e[impl]]
+    # the short, host-bound calls lose their host time in the replay
+    assert all(dm < em for (n, dm, _), (_, em, _) in zip(d[Impl.OURS], e[Impl.OURS]) if n <= 4096)
+    pre = V1.one_run(load("prefill"), "sinks64+window1024", timing="device")
+    assert all(v == [] for v in pre.values())
+    assert V1.measured_crossover(pre)["state"] == "not measured"
+    with pytest.raises(ValueError, match="timing must be"):
+        V1.one_run(rec, "sinks64+window1024", timing="wall")
+
 def test_work_ledger_counts_and_prices(xo):
     for name in ("sinks64+window1024", "random10%+diag"):
         lay = prefill_layout(name, 4096, device="cpu")
@@ -152,19 +172,43 @@ def test_four_ways_small_on_the_cpu():
 
 # ---- chapter 9 ------------------------------------------------------------------------------------------------------
 def test_prediction_figures(xo):
+    """Predicted vs measured from the calibration record, split by timing: the points of each timing are the
+    record's own class counts, each panel has one colour per implementation, the table reads the record."""
+    from sparseattn.roofline import calibrate
+    from sparseattn.roofline.ceilings import load_record
+    cal = load_record("h200")["calibration"]
+    pts = V9.sweep_points(cal)
+    acc = cal["accuracy"]
+    for t, name in V9.TIMINGS.items():
+        assert sum(p["timing"] == t for p in pts) == acc[name]["n"] > 0
+    assert all(p["id"].startswith(calibrate.EVALUATION_FILES) and p["role"] == "evaluation" for p in pts)
+    assert all(p["timing"] == "device" for p in pts if p["id"].endswith(":graph"))
+    fig = V9.timing_scatter(pts, "caption")
+    marks = [tr for tr in fig.data if tr.mode == "markers"]
+    assert {tr.xaxis for tr in marks} == {"x", "x2"}
+    assert all(tr.marker.color == COLORS[tr.name.split()[0]] for tr in marks)
+    assert sum(len(tr.x) for tr in marks) == len(pts)
+    dev = X.ratio_summary([p["ratio"] for p in pts if p["timing"] == "device"])
+    assert f"{dev['within_25pct']:.0%} within 25%" in fig.layout.annotations[0].text
+    assert fig.layout.xaxis.type == fig.layout.yaxis.type == fig.layout.xaxis2.type == "log"
+    box = V9.timing_ratio_figure(pts)
+    assert sum(len(tr.y) for tr in box.data) == len(pts) and box.layout.xaxis.type == "log"
+    table = str(V9.accuracy_table(acc))
+    assert "crossover sweep: device (all)" in table and f"{acc['crossover sweep (all)']['n']}" in table
+    with pytest.raises(LookupError, match="no evaluation point"):
+        V9.sweep_points({"points": [p for p in cal["points"] if not p["id"].startswith("crossover")]})
+    # the host table reads each part's host_ms; a run recorded before the probe has none
+    rec = load("crossover")
+    assert "649" in str(V9.host_table(rec))
+    with pytest.raises(LookupError, match="no host_ms"):
+        V9.host_table(xo)
+    # brackets on device time need device_ms (the synthetic run has none), eager ones do not
+    assert {e["timing"] for e in V9.length_brackets(xo)} == {"eager"}
+    with pytest.raises(LookupError, match="device times"):
+        V9.length_brackets(xo, "device")
+    dev_b = V9.length_brackets(rec, "device")
+    assert {(e["pattern"], e["pass"]) for e in dev_b} >= {("sinks64+window1024", "fwd"), ("window2048", "bwd")}
     rows = X.prediction_ratios(xo)
-    fig = V9.prediction_scatter(xo)
-    series = {f"{r['impl']} {r['pass']}" for r in rows}
-    assert {tr.name for tr in fig.data if tr.mode == "markers"} == series
-    s = X.ratio_summary([r["ratio"] for r in rows])
-    assert f"{s['within_25pct']:.0%} within 25%" in fig.layout.title.text and f"{s['n']} rows" in fig.layout.title.text
-    assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
-    box = V9.ratio_figure(xo)
-    assert {tr.name for tr in box.data} == series
-    empty = BenchFile.from_json({"suite": "crossover", **ENV, "results": [
-        Record({"pattern": "x", "N": 1}, Impl.NAIVE, Pass.FWD, 1.0).to_json()]})
-    with pytest.raises(LookupError, match="predicted_ms"):
-        V9.prediction_scatter(empty)
     worst = V9.worst_points(xo, 5)
     assert [abs(math.log(r["ratio"])) for r in worst] == sorted((abs(math.log(r["ratio"])) for r in worst), reverse=True)
     assert abs(math.log(worst[0]["ratio"])) == max(abs(math.log(r["ratio"])) for r in rows)

@@ -40,10 +40,18 @@ def _envelope_name(rows: list, pattern: str) -> str:
 
 
 def four_ways_series(prefill: BenchFile, crossover: Optional[BenchFile], pattern: str,
-                     pass_: str = Pass.FWD) -> Dict[str, List[Tuple[int, float, str]]]:
+                     pass_: str = Pass.FWD, timing: str = "eager") -> Dict[str, List[Tuple[int, float, str]]]:
     """impl -> ascending ``[(N, ms, source suite)]`` of one pattern: naive, FlexAttention and ours on the pattern,
     cuDNN on its envelope. Lengths the ``crossover`` file measured come from it (one run for the short
-    lengths and the crossover), the others from ``prefill``. Rows whose measurement failed are left out."""
+    lengths and the crossover), the others from ``prefill``. Rows whose measurement failed are left out.
+    ``timing``: ``"eager"`` (the event-timed call, ``ms``) or ``"device"`` (the same call replayed from a
+    CUDA graph, ``device_ms``: no host work; rows without it, the naive one's and older runs', are left out)."""
+    if timing not in ("eager", "device"):
+        raise ValueError(f"timing must be 'eager' or 'device', got {timing!r}")
+
+    def ms_of(r):
+        return r.ms if timing == "eager" or r.ms is None else r.get("device_ms")
+
     files = [f for f in (crossover, prefill) if f is not None]
     env = None
     out: Dict[str, Dict[int, Tuple[float, str]]] = {impl: {} for impl, _ in FOUR_WAYS}
@@ -54,13 +62,13 @@ def four_ways_series(prefill: BenchFile, crossover: Optional[BenchFile], pattern
         rows = [r for r in f.records if r.case["pattern"] == pattern and r.pass_ == pass_ and not r.is_sweep]
         env = env or _envelope_name(rows, pattern)
         for r in rows:
-            if r.impl in out and r.impl != Impl.CUDNN and r.ms is not None:
-                out[r.impl].setdefault(r.case["N"], (r.ms, f.suite))
+            if r.impl in out and r.impl != Impl.CUDNN and ms_of(r) is not None:
+                out[r.impl].setdefault(r.case["N"], (ms_of(r), f.suite))
         for r in f.records:
-            if r.impl == Impl.CUDNN and r.pass_ == pass_ and r.case["pattern"] == env and r.ms is not None \
+            if r.impl == Impl.CUDNN and r.pass_ == pass_ and r.case["pattern"] == env and ms_of(r) is not None \
                     and r.case.get("B", 1) == 1:
                 if any(x.case["N"] == r.case["N"] for x in rows):  # the lengths this file measured the pattern at
-                    out[Impl.CUDNN].setdefault(r.case["N"], (r.ms, f.suite))
+                    out[Impl.CUDNN].setdefault(r.case["N"], (ms_of(r), f.suite))
     if env is None:
         raise LookupError(f"no recorded {pass_} rows of pattern {pattern!r}; patterns: "
                           f"{recorded_patterns(prefill, crossover)}")
@@ -101,9 +109,10 @@ def runs_of(prefill: BenchFile, crossover: Optional[BenchFile], pattern: str) ->
             and any(r.case["pattern"] == pattern and r.pass_ == Pass.FWD and r.impl == Impl.OURS for r in f.records)]
 
 
-def one_run(f: BenchFile, pattern: str, pass_: str = Pass.FWD) -> Dict[str, List[Tuple[int, float, str]]]:
+def one_run(f: BenchFile, pattern: str, pass_: str = Pass.FWD,
+            timing: str = "eager") -> Dict[str, List[Tuple[int, float, str]]]:
     """:func:`four_ways_series` of one run only: every curve and every comparison from the same process."""
-    return four_ways_series(f, None, pattern, pass_)
+    return four_ways_series(f, None, pattern, pass_, timing)
 
 
 def four_ways_figure(prefill: BenchFile, crossover: Optional[BenchFile], pattern: str) -> go.Figure:

@@ -190,17 +190,25 @@ def overhead_figure(doc: BenchFile) -> go.Figure:
 def sweep_overhead(xo: BenchFile, keep: float = 0.1) -> list:
     """From the ``crossover`` suite's routing family (``route()`` timed apart from the attention on the
     layout it returns, eager, top-k = ``keep`` of a row's key blocks): per length ``N``, the route time, our
-    attention forward on the routed layout and dense causal cuDNN, in ms. ``[{"N", "topk", "route",
-    "attention", "cudnn"}]``, ascending in N; lengths missing a series are left out."""
+    attention forward on the routed layout, FlexAttention's forward on the same routed blocks (None where the
+    run has none) and dense causal cuDNN, in ms. ``[{"N", "topk", "route", "attention", "flex", "cudnn"}]``,
+    ascending in N; lengths missing one of ours or cuDNN are left out. The backward part times ``route()``
+    again for its own rows; the forward part's route row is the one beside the forward."""
+    def fwd_part(rows):  # rows of a file without parts belong to the forward
+        return [r for r in rows if r.get("part", "fwd") == "fwd"]
+
     out = []
     for N in xo.distinct("N", impl=Impl.OURS, pass_=Pass.ROUTE, family="routing", keep=keep):
-        route_r = xo.one(Impl.OURS, Pass.ROUTE, family="routing", keep=keep, N=N)
+        routes = fwd_part(xo.select(Impl.OURS, Pass.ROUTE, family="routing", keep=keep, N=N))
         attn = xo.one(Impl.OURS, Pass.FWD, family="routing", keep=keep, N=N)
+        flex = [r for r in xo.select(Impl.FLEX, Pass.FWD, family="routing", keep=keep, N=N) if r.ms is not None]
         dense = [r for r in xo.select(Impl.CUDNN, Pass.FWD, pattern="causal", N=N) if r.ms is not None]
-        if route_r.ms is None or attn.ms is None or not dense:
+        if len(routes) != 1:
+            raise LookupError(f"{len(routes)} forward-part route rows at N={N}, keep={keep}; expected one")
+        if routes[0].ms is None or attn.ms is None or not dense:
             continue
-        out.append({"N": N, "topk": route_r.case["topk"], "route": route_r.ms, "attention": attn.ms,
-                    "cudnn": dense[0].ms})
+        out.append({"N": N, "topk": routes[0].case["topk"], "route": routes[0].ms, "attention": attn.ms,
+                    "flex": flex[0].ms if flex else None, "cudnn": dense[0].ms})
     if not out:
         raise LookupError(f"no routing rows at keep={keep} in {xo.suite!r} (run the crossover suite with route())")
     return out
@@ -208,7 +216,8 @@ def sweep_overhead(xo: BenchFile, keep: float = 0.1) -> list:
 
 def sweep_overhead_figure(xo: BenchFile, keep: float = 0.1) -> go.Figure:
     """Against N (the crossover sweep's routing family, eager calls): the route time and our attention on the
-    routed layout, stacked, beside dense causal cuDNN; and the route's share of the routed step."""
+    routed layout, stacked, beside FlexAttention's attention on the same routed blocks (no route time: the
+    two share ``route()``) and dense causal cuDNN; and the route's share of our routed step."""
     pts = sweep_overhead(xo, keep)
     Ns = [p["N"] for p in pts]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=[
@@ -223,6 +232,11 @@ def sweep_overhead_figure(xo: BenchFile, keep: float = 0.1) -> go.Figure:
     fig.add_trace(go.Scatter(x=Ns, y=[100 * p["route"] / (p["route"] + p["attention"]) for p in pts],
                              mode="lines+markers", name="route share", line_color=COLORS[Impl.OURS],
                              showlegend=False), row=1, col=2)
+    fl = [p for p in pts if p["flex"] is not None]
+    if fl:
+        fig.add_trace(go.Scatter(x=[p["N"] for p in fl], y=[p["flex"] for p in fl], mode="lines+markers",
+                                 name="FlexAttention forward on the routed blocks (route() not included)",
+                                 line=dict(color=COLORS[Impl.FLEX])), row=1, col=1)
     fig.update_layout(barmode="stack", height=430, title_font_size=12, legend=dict(orientation="h", y=-0.3),
                       title=f"Routing against N, top-k = {keep:.0%} of a row's key blocks"
                             f"<br><sup>crossover suite, {xo.caption()}</sup>")

@@ -1,6 +1,6 @@
 """Chapter 9, the roofline and the crossover: the measured ceilings, arithmetic intensity of prefill and
-decode work on the roofline, the model's predictions against the recorded ``crossover`` suite (scatter and
-ratio distribution), crossover curves per family and pass, where the model misses (launch tails, host time),
+decode work on the roofline, the model's predictions against the recorded ``crossover`` suite on device time
+and on eager time (scatter, ratio against N, accuracy per class, the run's host times), crossover curves per family and pass, where the model misses (launch tails, host time),
 where a profiled step's time went, and the kernel-free explorer of the model's terms."""
 from __future__ import annotations
 
@@ -8,21 +8,20 @@ import math
 from typing import Dict, List, Optional
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from ..bench.crossover import measured_crossovers, prediction_ratios, ratio_summary
 from ..bench.record import BenchFile, Impl, Pass
-from ..roofline import ceilings as recorded_ceilings, cost
+from ..roofline import calibrate, ceilings as recorded_ceilings, cost
 from ..roofline.ceilings import Ceilings
 from ..roofline.counts import Shape
-from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, describe_bracket, family_layout, report
+from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, bracket, describe_bracket, family_layout, report
 from . import COLORS, Table
 from ._axes import tidy_log
 
-__all__ = ["ceilings_table", "intensity_points", "roofline_figure", "prediction_scatter", "ratio_figure",
-           "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure",
+__all__ = ["ceilings_table", "intensity_points", "roofline_figure", "TIMINGS", "sweep_points", "timing_scatter",
+           "timing_ratio_figure", "accuracy_table", "host_table", "length_brackets", "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure",
            "profile_figure", "EXPLORER_FAMILIES", "explorer_layout", "terms_figure"]
-
-_PASS_SYMBOL = {Pass.FWD: "circle", Pass.BWD: "square", Pass.DECODE_GRAPH: "diamond", Pass.DECODE_DENSE: "diamond"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -118,58 +117,173 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
 # ---------------------------------------------------------------------------------------------------------
 # predicted against measured
 # ---------------------------------------------------------------------------------------------------------
-def _series(r: dict) -> str:
-    return f"{r['impl']} {r['pass']}"
+# ---------------------------------------------------------------------------------------------------------
+# predicted against measured, device time and eager time, as the calibration record prices them
+# ---------------------------------------------------------------------------------------------------------
+#: The two ways the sweep timed a call: the CUDA-graph replay (device time) and the event-timed eager call,
+#: each with the accuracy classes of :data:`sparseattn.roofline.calibrate.SWEEP_TIMINGS` it summarises.
+TIMINGS = {"device": "crossover sweep: device (all)", "eager": "crossover sweep: eager (all)"}
+_PASS_MARK = {"fwd": "circle", "bwd": "square", "decode": "diamond"}
 
 
-def prediction_scatter(doc: BenchFile, exclude=()) -> go.Figure:
-    """Predicted against measured ms for every row of the crossover suite with a prediction (but the row
-    indices in ``exclude``), one colour per implementation, one marker per pass, with y = x and the +-25%
-    band."""
-    rows = prediction_ratios(doc, exclude)
-    if not rows:
-        raise LookupError(f"no row of {doc.suite!r} carries predicted_ms")
-    fig = go.Figure()
-    for key in sorted({_series(r) for r in rows}):
-        rs = [r for r in rows if _series(r) == key]
-        fig.add_trace(go.Scatter(x=[r["measured_ms"] for r in rs], y=[r["predicted_ms"] for r in rs], mode="markers",
-                                 name=key, marker=dict(color=COLORS[rs[0]["impl"]], size=8,
-                                                       symbol=_PASS_SYMBOL.get(rs[0]["pass"], "circle")),
-                                 text=[f"{r['pattern']} N={r['N']}" for r in rs],
-                                 hovertemplate="%{text}: measured %{x:.3g} ms, predicted %{y:.3g} ms<extra></extra>"))
-    v = [r[k] for r in rows for k in ("measured_ms", "predicted_ms")]
+def sweep_points(cal: dict) -> List[dict]:
+    """The crossover sweep's evaluation points as the calibration record (``load_record(...)["calibration"]``)
+    prices them, each with ``"timing"``: ``"device"`` for a CUDA-graph replay (a prefill row's ``device_ms``,
+    decode from a graph, cuDNN's decode) or ``"eager"`` for an event-timed call, by the record's own accuracy
+    classes; repeats of fitted points and the routing rows (not rebuilt on the CPU) are not in it."""
+    classes = calibrate.CLASSES
+    keys = {t: {k for c in calibrate.SWEEP_TIMINGS[name] for k in classes[c]} for t, name in TIMINGS.items()}
+    out = []
+    for p in cal["points"]:
+        if p["role"] != "evaluation" or not p["id"].startswith(calibrate.EVALUATION_FILES):
+            continue
+        key = calibrate._class_key(p)
+        timing = next((t for t, ks in keys.items() if key in ks), None)
+        if timing is None:
+            raise LookupError(f"sweep point {p['id']} ({key}) is in no timing class of the record")
+        out.append({**p, "timing": timing})
+    if not out:
+        raise LookupError("the calibration record has no evaluation point of the crossover sweep")
+    return out
+
+
+def _pass_of(p: dict) -> str:
+    return "decode" if p["pass"].startswith("decode") else p["pass"]
+
+
+def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
+    """Predicted against measured ms of :func:`sweep_points`, two panels: device time (left) and eager time
+    (right); one colour per implementation, one marker per pass, y = x and the +-25% band; each panel's title
+    gives its share within 25% and its median ratio."""
+    panels = list(TIMINGS)
+    summ = {t: ratio_summary([p["ratio"] for p in points if p["timing"] == t]) for t in panels}
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=[
+        f"{t} time: {summ[t]['n']} points, {summ[t]['within_25pct']:.0%} within 25%, median "
+        f"{summ[t]['median']:.2f}" for t in panels])
+    v = [p[k] for p in points for k in ("measured_ms", "predicted_ms")]
     lo, hi = min(v) / 1.3, max(v) * 1.3
-    for f, name, dash in ((1.0, "predicted = measured", "solid"), (1.25, "+-25%", "dot"), (0.75, None, "dot")):
-        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo * f, hi * f], mode="lines", name=name, showlegend=name is not None,
-                                 line=dict(color="gray", dash=dash, width=1), hoverinfo="skip"))
-    s = ratio_summary([r["ratio"] for r in rows])
-    fig.update_layout(xaxis_type="log", yaxis_type="log", height=540, title_font_size=12,
-                      xaxis_title="measured ms (median)", yaxis_title="predicted ms (cost model, fitted elsewhere)",
-                      title=f"Predicted vs measured, {s['n']} rows of the crossover sweep<br><sup>"
-                            f"{s['within_25pct']:.0%} within 25%, median ratio {s['median']:.2f}; "
-                            f"{doc.caption()}</sup>")
-    fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
-    fig.update_yaxes(range=[math.log10(lo), math.log10(hi)])
+    seen = set()
+    for col, t in enumerate(panels, 1):
+        for impl, pass_ in sorted({(p["impl"], _pass_of(p)) for p in points if p["timing"] == t}):
+            ps = [p for p in points if p["timing"] == t and (p["impl"], _pass_of(p)) == (impl, pass_)]
+            name = f"{impl} {pass_}"
+            fig.add_trace(go.Scatter(x=[p["measured_ms"] for p in ps], y=[p["predicted_ms"] for p in ps],
+                                     mode="markers", name=name, legendgroup=name, showlegend=name not in seen,
+                                     marker=dict(color=COLORS.get(impl, "#7f7f7f"), size=6, opacity=0.75,
+                                                 symbol=_PASS_MARK.get(pass_, "circle")),
+                                     text=[p["label"] for p in ps],
+                                     hovertemplate="%{text}: measured %{x:.3g} ms, predicted %{y:.3g} ms"
+                                                   "<extra></extra>"), row=1, col=col)
+            seen.add(name)
+        for f, name, dash in ((1.0, "predicted = measured", "solid"), (1.25, "+-25%", "dot"), (0.75, None, "dot")):
+            fig.add_trace(go.Scatter(x=[lo, hi], y=[lo * f, hi * f], mode="lines", name=name, legendgroup=str(f),
+                                     showlegend=name is not None and col == 1, hoverinfo="skip",
+                                     line=dict(color="gray", dash=dash, width=1)), row=1, col=col)
+        fig.update_xaxes(type="log", range=[math.log10(lo), math.log10(hi)], title_text="measured ms (median)",
+                         row=1, col=col)
+        fig.update_yaxes(type="log", range=[math.log10(lo), math.log10(hi)], row=1, col=col)
+    fig.update_yaxes(title_text="predicted ms (cost model, fitted elsewhere)", row=1, col=1)
+    fig.update_layout(height=520, title_font_size=12, legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
+                      title=f"Predicted vs measured on the crossover sweep, by how the call was timed<br><sup>"
+                            f"left: the call replayed from a CUDA graph (no host work); right: the eager call, "
+                            f"event-timed; {caption}</sup>", margin=dict(t=110))
+    fig.update_annotations(font_size=11)
     return tidy_log(fig)
 
 
-def ratio_figure(doc: BenchFile, exclude=()) -> go.Figure:
-    """The distribution of predicted / measured per implementation and pass (every row a dot, the box its
-    quartiles; the row indices in ``exclude`` left out), on a log axis, with the +-25% band."""
-    rows = prediction_ratios(doc, exclude)
-    fig = go.Figure()
-    for key in sorted({_series(r) for r in rows}):
-        rs = [r for r in rows if _series(r) == key]
-        fig.add_trace(go.Box(y=[r["ratio"] for r in rs], name=key, boxpoints="all", jitter=0.4, pointpos=0,
-                             marker=dict(color=COLORS[rs[0]["impl"]], size=5), line=dict(color=COLORS[rs[0]["impl"]]),
-                             text=[f"{r['pattern']} N={r['N']}" for r in rs]))
-    fig.add_hrect(y0=0.75, y1=1.25, fillcolor="gray", opacity=0.12, line_width=0)
-    ys = [r["ratio"] for r in rows]
-    fig.update_layout(yaxis_type="log", height=440, title_font_size=12, showlegend=False,
-                      yaxis_title="predicted / measured", xaxis_title="series (implementation, pass)", title=f"Ratio per series (band: +-25%)<br><sup>"
-                                                                f"{doc.caption()}</sup>")
-    fig.update_yaxes(range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
+def timing_ratio_figure(points: List[dict], caption: str = "") -> go.Figure:
+    """Predicted / measured of :func:`sweep_points` against the length N, device time (left) and eager time
+    (right), one colour per implementation, with the +-25% band: where the eager points scatter."""
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=[f"{t} time" for t in TIMINGS])
+    seen = set()
+    for col, t in enumerate(TIMINGS, 1):
+        for impl in sorted({p["impl"] for p in points if p["timing"] == t}):
+            ps = [p for p in points if p["timing"] == t and p["impl"] == impl]
+            fig.add_trace(go.Scatter(x=[p["N"] for p in ps], y=[p["ratio"] for p in ps], mode="markers",
+                                     name=impl, legendgroup=impl, showlegend=impl not in seen,
+                                     marker=dict(color=COLORS.get(impl, "#7f7f7f"), size=6, opacity=0.7,
+                                                 symbol=[_PASS_MARK.get(_pass_of(p), "circle") for p in ps]),
+                                     text=[p["label"] for p in ps],
+                                     hovertemplate="%{text}: ratio %{y:.2f}<extra></extra>"), row=1, col=col)
+            seen.add(impl)
+        fig.add_hrect(y0=0.75, y1=1.25, fillcolor="gray", opacity=0.12, line_width=0, row=1, col=col)
+    ns = [p["N"] for p in points]
+    ys = [p["ratio"] for p in points]
+    fig.update_xaxes(type="log", title_text="sequence length N (tokens)",
+                     range=[math.log10(min(ns)) - 0.05, math.log10(max(ns)) + 0.05])
+    fig.update_yaxes(type="log", range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
+    fig.update_yaxes(title_text="predicted / measured", row=1, col=1)
+    fig.update_layout(height=420, title_font_size=12, legend=dict(orientation="h", y=-0.25),
+                      title=f"Predicted / measured against N (band: +-25%; circles forward, squares backward, "
+                            f"diamonds decode)<br><sup>{caption}</sup>", margin=dict(t=100))
     return tidy_log(fig)
+
+
+def accuracy_table(acc: dict, caption: str = "") -> Table:
+    """Predicted / measured on the crossover sweep per accuracy class of the calibration record
+    (``record["calibration"]["accuracy"]``): n, median, p10, p90 and the share within 25%, for each class,
+    the two timings and the whole sweep, then the sweep below and from N = 8k by timing."""
+    names = [(c, acc["classes"][c]) for c in calibrate.CROSSOVER_CLASSES]
+    names += [(n, acc[n]) for n in calibrate.SWEEP_TIMINGS] + [("crossover sweep (all)", acc["crossover sweep (all)"])]
+    series = acc["sweep_series"]
+    names += [(f"crossover sweep: {n}", series[n]) for n in ("N < 8k, device", "N < 8k, eager", "N >= 8k, device",
+                                                             "N >= 8k, eager")]
+    rows = [[n, d["n"], f"{d['median']:.2f}", f"{d['p10']:.2f}", f"{d['p90']:.2f}", f"{d['within_25pct']:.0%}"]
+            for n, d in names if d["n"]]
+    return Table(["class", "n", "median", "p10", "p90", "within 25%"], rows,
+                 caption=caption or "Predicted / measured on the crossover sweep, per accuracy class")
+
+
+def host_table(doc: BenchFile) -> Table:
+    """The host time of one eager call of each op, as each prefill part of the crossover run measured it before
+    its sweep (``meta.parts.<part>.host_ms``, on the part's ``host_probe`` layout, on its ``host_path``)."""
+    parts = doc.meta.get("parts", {})
+    rows = []
+    for part in ("fwd", "bwd"):
+        m = parts.get(part, {})
+        for op, ms in sorted(m.get("host_ms", {}).items()):
+            probe = m.get("host_probe", {})
+            rows.append([part, op.split("/")[0], f"{ms * 1e3:.0f}", f"{probe.get('pattern')} N={probe.get('N')}",
+                         m.get("host_path", ""), m.get("date", "")[:16].replace("T", " ")])
+    if not rows:
+        raise LookupError(f"{doc.suite!r} records no host_ms in its parts (recorded before the host probe)")
+    return Table(["part", "implementation", "host us per call", "probe", "host path", "measured (UTC)"], rows,
+                 caption=f"Host time per eager call, measured at the start of each part of the crossover run "
+                         f"(wall time per call of back-to-back calls, not waiting for the device). "
+                         f"{doc.caption()}")
+
+
+def length_brackets(doc: BenchFile, timing: str = "eager") -> List[dict]:
+    """For each length family (window, sinks + window) and prefill pass of the crossover run: where ours and
+    FlexAttention pass cuDNN on the envelope, bracketed by two measured lengths
+    (:func:`~sparseattn.roofline.crossover.bracket`), on the lengths all three were measured at, timed
+    ``"eager"`` (``ms``) or on ``"device"`` time (``device_ms``, the CUDA-graph replay).
+    ``[{"family", "pattern", "pass", "timing", "N", "ours", "flex"}]``."""
+    if timing not in ("eager", "device"):
+        raise ValueError(f"timing must be 'eager' or 'device', got {timing!r}")
+
+    def ms(r):
+        return r.ms if timing == "eager" or r.ms is None else r.get("device_ms")
+
+    out = []
+    for fam in ("window", "sinks_window"):
+        for pass_ in (Pass.FWD, Pass.BWD):
+            rows = {i: {r.case["N"]: r for r in doc.select(i, pass_, family=fam) if ms(r) is not None}
+                    for i in (Impl.OURS, Impl.FLEX)}
+            if not rows[Impl.OURS]:
+                continue
+            env = next(iter(rows[Impl.OURS].values())).case["envelope"]
+            cud = {r.case["N"]: r for r in doc.select(Impl.CUDNN, pass_, pattern=env) if ms(r) is not None}
+            Ns = sorted(set(rows[Impl.OURS]) & set(rows[Impl.FLEX]) & set(cud))
+            if len(Ns) < 2:
+                continue
+            b = {i: bracket(Ns, [ms(rows[i][n]) for n in Ns], [ms(cud[n]) for n in Ns], "N") for i in rows}
+            out.append({"family": fam, "pattern": next(iter(rows[Impl.OURS].values())).case["pattern"],
+                        "pass": pass_, "timing": timing, "N": Ns, "ours": b[Impl.OURS], "flex": b[Impl.FLEX]})
+    if not out:
+        raise LookupError(f"no length family of {doc.suite!r} has ours, FlexAttention and cuDNN {timing} times")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
