@@ -16,10 +16,15 @@ Families (the layouts of :func:`sparseattn.roofline.crossover.family_layout`, 12
   heads, D=128, page size 16): our decode in a CUDA graph against cuDNN dense decode on contiguous K/V, and
   the selected step (select + decode, one graph).
 
-Every row of ours, FlexAttention (compiled on the same block mask) and cuDNN carries ``predicted_ms`` from
-:func:`sparseattn.roofline.cost` with the packaged H200 model, computed before the measurement. The model
-was fitted on other layouts and shapes (causal and 1024-token windows at N >= 4k, decode at B = 8 and 32),
-so every point here is an out-of-sample prediction. The naive masked-dense attention is timed for the
+Every prefill row of ours, FlexAttention (compiled on the same block mask) and cuDNN carries two times: the
+eager call (``ms``, Triton's ``do_bench``) and the same call replayed from one CUDA graph (``device_ms``: the
+kernels without host work), each beside the packaged H200 model's prediction made before the measurement
+(``predicted_ms``, ``device_predicted_ms``; :func:`sparseattn.roofline.cost`). The eager prediction takes the
+host time of one call of the op measured at the start of the part (:func:`probe_host`, on a layout the sweep
+does not measure; ``meta.parts.<part>.host_ms``): on the lent H200 machines the host's speed moves between
+runs and within one, and below 8k it sets the eager time. The model was fitted on other layouts and shapes
+(the calibration rule of :mod:`sparseattn.roofline.calibrate`), so every point here is an out-of-sample
+prediction. The naive masked-dense attention is timed for the
 length families where its scores fit (``--naive-max-bytes``), as chapter 1 shows it.
 
 One run must fit in a 10-minute GPU slot: ``--part fwd,decode`` and ``--part bwd`` are separate runs,
@@ -32,7 +37,8 @@ measures ours, cuDNN and naive on every point, then FlexAttention point by point
 from the ends of its grid inwards) while the time left covers another compile; a point it could not reach
 is recorded with ``ms: null`` and the reason. The JSON is rewritten after every point (a crash keeps the
 finished rows). The table printed last is the interpolated crossover per family and pass (and length, for
-the kept-fraction families): measured for ours and for FlexAttention, and predicted for ours.
+the kept-fraction families): measured for ours and for FlexAttention, eager and on the device, and
+predicted for ours.
 """
 from __future__ import annotations
 
