@@ -220,7 +220,7 @@ def sweep_repeats(points: Iterable) -> Set[int]:
 
 def host_suite_device_points(bench_dir=None, docs: Optional[Dict[str, dict]] = None) -> List[Point]:
     """Calibration points at the short end: the host suites' CUDA-graph replays (``device_ms``) of our
-    forward and backward and FlexAttention's on the calibration layouts, N = 1k to 4k (``host.HOST_FILES``).
+    forward and backward and FlexAttention's on the calibration layouts, N = 1k to 4k (:data:`HOST_DEVICE_FILES`).
     They pin the per-call device cost that the long-sequence points cannot separate from the per-tile rate;
     their event times are not used (host-bound). cuDNN's rows are left out: their envelopes are the sweep's
     own cuDNN points. A row whose layout and shape the sweep measured is a ``"repeat"`` (:func:`load_points`)."""
@@ -233,7 +233,8 @@ def host_suite_device_points(bench_dir=None, docs: Optional[Dict[str, dict]] = N
         for i, r in enumerate(doc["results"]):
             key = (r["impl"], r["pass"])
             if r["impl"] not in ("sparseattn", "flex") or key not in _GROUPS or not r.get("device_ms") \
-                    or r["case"]["pattern"] not in CALIBRATION_PATTERNS or fname not in DEVICE_CURRENT.get(key, (fname,)):
+                    or r["case"]["pattern"] not in CALIBRATION_PATTERNS \
+                    or fname not in DEVICE_CURRENT.get(key, (fname,)):
                 continue
             c = r["case"]
             out.append(Point(id=f"{HOST_DEVICE_PREFIX}{fname}#{i}:graph", group=_GROUPS[key], impl=r["impl"],
@@ -376,7 +377,8 @@ SPECS = {
                                         "call_ms": "sparseattn/bwd:call_ms"}),
     "flex/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2), ("program_overhead", 1.0, 0.0, 30.0),
                            ("call_ms", 0.05, 0.0, 0.3)],
-                     tied={"eff_memory": "sparseattn/decode:eff_memory", "partial_overhead": "flex/fwd:partial_overhead"}),
+                     tied={"eff_memory": "sparseattn/decode:eff_memory",
+                           "partial_overhead": "flex/fwd:partial_overhead"}),
     "cudnn/bwd": dict(free=[("eff_compute", 0.5, 0.05, 1.2)],
                       fixed={"partial_overhead": 0.0},
                       tied={"eff_memory": "sparseattn/decode:eff_memory", "program_overhead": "cudnn/fwd:program_overhead",
