@@ -183,10 +183,11 @@ def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
                          row=1, col=col)
         fig.update_yaxes(type="log", range=[math.log10(lo), math.log10(hi)], row=1, col=col)
     fig.update_yaxes(title_text="predicted ms (cost model, fitted elsewhere)", row=1, col=1)
-    fig.update_layout(height=520, title_font_size=12, legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
-                      title=f"Predicted vs measured on the crossover sweep, by how the call was timed<br><sup>"
-                            f"left: the call replayed from a CUDA graph (no host work); right: the eager call, "
-                            f"event-timed; {caption}</sup>", margin=dict(t=110))
+    fig.update_yaxes(title_text="predicted ms", row=1, col=2)
+    fig.update_layout(height=540, title_font_size=12, legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
+                      title=f"Predicted vs measured on the crossover sweep<br><sup>left: the call replayed from a "
+                            f"CUDA graph (no host work)<br>right: the eager call, event-timed<br>{caption}</sup>",
+                      margin=dict(t=130))
     fig.update_annotations(font_size=11)
     return tidy_log(fig)
 
@@ -208,15 +209,17 @@ def timing_ratio_figure(points: List[dict], caption: str = "") -> go.Figure:
                                      hovertemplate="%{text}: ratio %{y:.2f}<extra></extra>"), row=1, col=col)
             seen.add(impl)
         fig.add_hrect(y0=0.75, y1=1.25, fillcolor="gray", opacity=0.12, line_width=0, row=1, col=col)
-    ns = [p["N"] for p in points]
+    for col, t in enumerate(TIMINGS, 1):  # each panel's own lengths: a log axis never runs past its data
+        ns = [p["N"] for p in points if p["timing"] == t]
+        fig.update_xaxes(type="log", title_text="sequence length N (tokens)", row=1, col=col,
+                         range=[math.log10(min(ns)) - 0.05, math.log10(max(ns)) + 0.05])
     ys = [p["ratio"] for p in points]
-    fig.update_xaxes(type="log", title_text="sequence length N (tokens)",
-                     range=[math.log10(min(ns)) - 0.05, math.log10(max(ns)) + 0.05])
     fig.update_yaxes(type="log", range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
     fig.update_yaxes(title_text="predicted / measured", row=1, col=1)
-    fig.update_layout(height=420, title_font_size=12, legend=dict(orientation="h", y=-0.25),
-                      title=f"Predicted / measured against N (band: +-25%; circles forward, squares backward, "
-                            f"diamonds decode)<br><sup>{caption}</sup>", margin=dict(t=100))
+    fig.update_yaxes(title_text="predicted / measured", row=1, col=2)
+    fig.update_layout(height=440, title_font_size=12, legend=dict(orientation="h", y=-0.25),
+                      title=f"Predicted / measured against N (band: +-25%)<br><sup>circles forward, squares "
+                            f"backward, diamonds decode<br>{caption}</sup>", margin=dict(t=120))
     return tidy_log(fig)
 
 
