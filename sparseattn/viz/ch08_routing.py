@@ -268,10 +268,10 @@ def recall_figure(doc: BenchFile) -> go.Figure:
         fig.update_xaxes(title_text="top-k (blocks per query block)", type="log", tickvals=topks, row=1, col=col)
     fig.update_yaxes(title_text="recall (share of softmax mass)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
-    fig.update_layout(height=400, title_font_size=12, showlegend=False,
+    fig.update_layout(height=430, title_font_size=12, showlegend=False,
                       title=f"Recall vs speed, N={m['N']}<br><sup>synthetic topic inputs, "
                             f"{routes[0].get('recall_rows')} sampled rows per head; each query block keeps its "
-                            f"top-k blocks + 1 local + 1 sink<br>{doc.caption()}</sup>", margin=dict(t=110))
+                            f"top-k blocks + 1 local + 1 sink<br>{doc.caption()}</sup>", margin=dict(t=140))
     return fig
 
 
@@ -284,8 +284,9 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     order = {"none": 0, "kv_head": 1, "all": 2}
     gqa.sort(key=lambda r: order[r.case["share"]])
     labels = [f"{r.case['share']}<br>({r.get('layout_heads')} sel.)" for r in gqa]
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=[
-        f"routing time, {gqa[0].case['Hq']} query / {gqa[0].case['Hkv']} KV heads", "recall", "recall of a stale "
+    # two-line titles and a wider gap: in a book-width figure one-line titles run into the next panel
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.12, subplot_titles=[
+        f"routing time,<br>{gqa[0].case['Hq']} query / {gqa[0].case['Hkv']} KV heads", "recall", "recall of a<br>stale "
         "selection"])
     fig.add_trace(go.Bar(x=labels, y=[r.ms for r in gqa], marker_color=COLORS[Impl.OURS], showlegend=False),
                   row=1, col=1)
@@ -294,7 +295,7 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     main = doc.one(Impl.OURS, Pass.ROUTE, **m)
     drift = sorted((float(d), rec) for d, rec in main.get("recall_drifted").items())
     # bars from 0: a flat line on a zoomed axis would make differences in the 4th decimal look large
-    fig.add_trace(go.Bar(x=["fresh"] + [f"drift {d:g}" for d, _ in drift],
+    fig.add_trace(go.Bar(x=["fresh"] + [f"drift<br>{d:g}" for d, _ in drift],
                          y=[main.get("recall")] + [rec for _, rec in drift], marker_color=LIGHT[Impl.OURS],
                          text=[f"{x:.4f}" for x in [main.get("recall")] + [rec for _, rec in drift]],
                          textposition="outside", showlegend=False), row=1, col=3)
@@ -304,7 +305,8 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     fig.update_xaxes(title_text="share", title_standoff=12, tickangle=0, row=1, col=1)
     fig.update_xaxes(title_text="share", title_standoff=12, tickangle=0, row=1, col=2)
     fig.update_xaxes(title_text="routed on", title_standoff=12, tickangle=0, row=1, col=3)
-    fig.update_layout(height=420, title_font_size=12,
+    fig.update_annotations(font_size=13)  # the subplot titles
+    fig.update_layout(height=440, title_font_size=12, margin=dict(t=120),
                       title=f"Reusing one selection, N={m['N']}, top-{m['topk']}<br><sup>{doc.caption()}</sup>")
     return fig
 

@@ -186,7 +186,7 @@ def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
     fig.update_layout(height=520, title_font_size=12, legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
                       title=f"Predicted vs measured on the crossover sweep, by how the call was timed<br><sup>"
                             f"left: the call replayed from a CUDA graph (no host work); right: the eager call, "
-                            f"event-timed; {caption}</sup>", margin=dict(t=110))
+                            f"event-timed;<br>{caption}</sup>", margin=dict(t=130))  # two lines: one is cut
     fig.update_annotations(font_size=11)
     return tidy_log(fig)
 
@@ -461,7 +461,9 @@ def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 
     r = report(lay, s, pass_=pass_)
     fig = go.Figure()
     impls = ["sparseattn", "flex", "cudnn"]
-    for term, color in (("compute", "#d62728"), ("memory", "#1f77b4"), ("launch", "#7f7f7f"), ("index", "#9467bd")):
+    # the bars are terms, the implementations are on the x axis: colours outside COLORS, so that no term
+    # reads as an implementation (red is ours, blue FlexAttention everywhere else)
+    for term, color in (("compute", "#ff7f0e"), ("memory", "#17becf"), ("launch", "#bcbd22"), ("index", "#393b79")):
         fig.add_trace(go.Bar(x=impls, y=[r.costs[i].terms[term] for i in impls], name=term, marker_color=color,
                              hovertemplate=f"{term}: %{{y:.3g}} ms<extra></extra>"))
     fig.add_trace(go.Scatter(x=impls, y=[r.predicted[i] for i in impls], mode="markers", name="predicted total",
