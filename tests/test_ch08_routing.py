@@ -74,7 +74,7 @@ def test_recorded_figures_build_and_read_the_right_rows():
     assert list(rec.data[0].x) == [4, 8, 16, 32] and list(rec.data[0].y) == [0.6, 0.75, 0.9, 0.95]
     reuse = viz.reuse_figure(doc)
     assert list(reuse.data[1].y) == [0.92, 0.88, 0.7]
-    assert list(reuse.data[2].x) == ["fresh", "drift 0.1", "drift 0.3", "drift 0.5"]
+    assert list(reuse.data[2].x) == ["fresh", "drift<br>0.1", "drift<br>0.3", "drift<br>0.5"]
     assert list(reuse.data[2].y) == [0.9, 0.88, 0.8, 0.7]
 
 

@@ -86,9 +86,10 @@ def recorded_patterns(prefill: BenchFile, crossover: Optional[BenchFile]) -> Lis
     return sorted(set(pats))
 
 
-def _sources(prefill: BenchFile, crossover: Optional[BenchFile]) -> str:
-    parts = [f"{f.suite}: {f.meta['device']}, {f.meta['date'][:10]}" for f in (crossover, prefill) if f is not None]
-    return "; ".join(parts) + f"; torch {prefill.meta['torch']}"
+def _sources(runs: List[BenchFile]) -> str:
+    """Device and date of each run a figure draws (and only those)."""
+    parts = [f"{f.suite}: {f.meta['device']}, {f.meta['date'][:10]}" for f in runs]
+    return "; ".join(parts) + f"; torch {runs[0].meta['torch']}"
 
 
 def measured_crossover(series: Dict[str, list], impl: str = Impl.OURS) -> dict:
@@ -123,9 +124,10 @@ def four_ways_figure(prefill: BenchFile, crossover: Optional[BenchFile], pattern
     env = _envelope_name([r for f in runs for r in f.records if r.case["pattern"] == pattern], pattern)
     fig = go.Figure()
     xs, ys = [], []
-    for k, f in enumerate(runs):
+    for f in runs:
         series = one_run(f, pattern)
         run = f"{f.suite} run {f.meta['date'][5:10]}"
+        solid = f.suite != prefill.suite  # the style names the run, also where a pattern has only one
         for impl, name in FOUR_WAYS:
             pts = series[impl]
             if not pts:
@@ -133,17 +135,19 @@ def four_ways_figure(prefill: BenchFile, crossover: Optional[BenchFile], pattern
             label = name.replace("the envelope (dense or causal)", f"the envelope: {env}").split(",")[0]
             fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
                                      name=f"{label} ({run})", legendgroup=impl,
-                                     marker=dict(symbol="circle" if k == 0 else "square", size=7),
-                                     line=dict(color=COLORS[impl], dash="solid" if k == 0 else "dot"),
+                                     marker=dict(symbol="circle" if solid else "square", size=7),
+                                     line=dict(color=COLORS[impl], dash="solid" if solid else "dot"),
                                      hovertemplate=f"N=%{{x}}: %{{y:.3f}} ms ({run})<extra></extra>"))
             xs += [p[0] for p in pts]
             ys += [p[1] for p in pts]
         b = measured_crossover(series)
         if b["state"] == "crosses":
             fig.add_vrect(x0=b["lo"], x1=b["hi"], fillcolor=COLORS[Impl.OURS], opacity=0.08, line_width=0,
-                          annotation_text=f"ours passes cuDNN ({run})", annotation_position="top left",
+                          annotation_text=f"ours passes cuDNN ({run})",
+                          # the two runs' bands overlap: one label at the top, the other at the bottom
+                          annotation_position="top left" if solid else "bottom left",
                           annotation_font_size=10)
-    fig.update_layout(title=f"{pattern}: forward, bf16, B=1, H=16, D=128<br><sup>measured: {_sources(prefill, crossover)}"
+    fig.update_layout(title=f"{pattern}: forward, bf16, B=1, H=16, D=128<br><sup>measured: {_sources(runs)}"
                             f"</sup>", xaxis_title="sequence length N (tokens)", yaxis_title="ms per call (median)",
                       xaxis_type="log", yaxis_type="log", height=520, title_font_size=12,
                       legend=dict(font=dict(size=10), orientation="h", y=-0.2, yanchor="top"),

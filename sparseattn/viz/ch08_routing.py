@@ -103,8 +103,9 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
     k = m["topk"] if topk is None else topk
     case = dict(N=m["N"], Hkv=m["Hkv"], share=m["share"])
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12,
-                        subplot_titles=[f"forward step, top-{k}",
-                                        f"fwd + bwd, fixed at top-{m['topk']} (measured there only)"])
+                        # two lines each: one line overlaps its neighbour in a book-width figure
+                        subplot_titles=[f"forward step,<br>top-{k}",
+                                        f"fwd + bwd, top-{m['topk']}<br>(measured there only)"])
     impls = [Impl.OURS] + ([Impl.FLEX] if k == m["topk"] else [])
     names = {Impl.OURS: "ours", Impl.FLEX: "Flex pipeline"}
     for pass_, label, pattern in TERMS:
@@ -123,10 +124,10 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
                                          showlegend=impl == Impl.OURS,
                                          marker=dict(symbol=symbol, size=12, color="black")), row=1, col=1)
     fb = dict(topk=m["topk"], **case)
-    for impl, pass_, label, step in ((Impl.OURS, Pass.FWD_BWD, "ours<br>attention", False),
-                                     (Impl.OURS, Pass.TRAIN_STEP_GRAPH, "ours<br>step (graph)", True),
-                                     (Impl.FLEX, Pass.FWD_BWD, "Flex<br>attention", False),
-                                     (Impl.FLEX, Pass.TRAIN_STEP, "Flex<br>step (eager)", True)):
+    for impl, pass_, label, step in ((Impl.OURS, Pass.FWD_BWD, "ours<br>attn.", False),
+                                     (Impl.OURS, Pass.TRAIN_STEP_GRAPH, "ours<br>step<br>(graph)", True),
+                                     (Impl.FLEX, Pass.FWD_BWD, "Flex<br>attn.", False),
+                                     (Impl.FLEX, Pass.TRAIN_STEP, "Flex<br>step<br>(eager)", True)):
         ms = _ms(doc, impl, pass_, **fb)
         fig.add_trace(go.Bar(x=[label], y=[ms], showlegend=False, marker_color=COLORS[impl],
                              marker_opacity=1.0 if step else 0.6, hovertemplate="%{y:.3f} ms<extra></extra>"),
@@ -134,10 +135,12 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
     fig.update_xaxes(title_text="implementation", row=1, col=1)
-    # four two-line labels: level, so plotly does not turn them on their side in the narrow panel
-    fig.update_xaxes(title_text="attention alone / whole step", tickangle=0, tickfont_size=11, row=1, col=2)
+    # four short stacked labels: level, so plotly does not turn them on their side, and apart in the narrow panel
+    fig.update_xaxes(title_text="attention (attn.) alone / whole step", tickangle=0, tickfont_size=10, row=1, col=2)
     # the legend on the right, so that a slider (book.static_explorer) fits below the plot
-    fig.update_layout(barmode="stack", height=470, title_font_size=12, legend=dict(x=1.02, y=1, font_size=11),
+    fig.update_annotations(font_size=13)  # the subplot titles
+    fig.update_layout(barmode="stack", height=490, title_font_size=12, legend=dict(x=1.02, y=1, font_size=11),
+                      margin=dict(t=120),
                       title=f"Routed attention, N={m['N']}, 16 heads, D=128, 128-token blocks, bf16<br>"
                             f"<sup>{doc.caption()}</sup>")
     return fig
@@ -265,10 +268,10 @@ def recall_figure(doc: BenchFile) -> go.Figure:
         fig.update_xaxes(title_text="top-k (blocks per query block)", type="log", tickvals=topks, row=1, col=col)
     fig.update_yaxes(title_text="recall (share of softmax mass)", row=1, col=1)
     fig.update_yaxes(title_text="ms (median)", row=1, col=2)
-    fig.update_layout(height=400, title_font_size=12, showlegend=False,
+    fig.update_layout(height=430, title_font_size=12, showlegend=False,
                       title=f"Recall vs speed, N={m['N']}<br><sup>synthetic topic inputs, "
                             f"{routes[0].get('recall_rows')} sampled rows per head; each query block keeps its "
-                            f"top-k blocks + 1 local + 1 sink<br>{doc.caption()}</sup>", margin=dict(t=110))
+                            f"top-k blocks + 1 local + 1 sink<br>{doc.caption()}</sup>", margin=dict(t=140))
     return fig
 
 
@@ -281,8 +284,9 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     order = {"none": 0, "kv_head": 1, "all": 2}
     gqa.sort(key=lambda r: order[r.case["share"]])
     labels = [f"{r.case['share']}<br>({r.get('layout_heads')} sel.)" for r in gqa]
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=[
-        f"routing time, {gqa[0].case['Hq']} query / {gqa[0].case['Hkv']} KV heads", "recall", "recall of a stale "
+    # two-line titles and a wider gap: in a book-width figure one-line titles run into the next panel
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.12, subplot_titles=[
+        f"routing time,<br>{gqa[0].case['Hq']} query / {gqa[0].case['Hkv']} KV heads", "recall", "recall of a<br>stale "
         "selection"])
     fig.add_trace(go.Bar(x=labels, y=[r.ms for r in gqa], marker_color=COLORS[Impl.OURS], showlegend=False),
                   row=1, col=1)
@@ -291,7 +295,7 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     main = doc.one(Impl.OURS, Pass.ROUTE, **m)
     drift = sorted((float(d), rec) for d, rec in main.get("recall_drifted").items())
     # bars from 0: a flat line on a zoomed axis would make differences in the 4th decimal look large
-    fig.add_trace(go.Bar(x=["fresh"] + [f"drift {d:g}" for d, _ in drift],
+    fig.add_trace(go.Bar(x=["fresh"] + [f"drift<br>{d:g}" for d, _ in drift],
                          y=[main.get("recall")] + [rec for _, rec in drift], marker_color=LIGHT[Impl.OURS],
                          text=[f"{x:.4f}" for x in [main.get("recall")] + [rec for _, rec in drift]],
                          textposition="outside", showlegend=False), row=1, col=3)
@@ -301,7 +305,8 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     fig.update_xaxes(title_text="share", title_standoff=12, tickangle=0, row=1, col=1)
     fig.update_xaxes(title_text="share", title_standoff=12, tickangle=0, row=1, col=2)
     fig.update_xaxes(title_text="routed on", title_standoff=12, tickangle=0, row=1, col=3)
-    fig.update_layout(height=420, title_font_size=12,
+    fig.update_annotations(font_size=13)  # the subplot titles
+    fig.update_layout(height=440, title_font_size=12, margin=dict(t=120),
                       title=f"Reusing one selection, N={m['N']}, top-{m['topk']}<br><sup>{doc.caption()}</sup>")
     return fig
 

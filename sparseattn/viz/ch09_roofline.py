@@ -464,7 +464,9 @@ def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 
     r = report(lay, s, pass_=pass_)
     fig = go.Figure()
     impls = ["sparseattn", "flex", "cudnn"]
-    for term, color in (("compute", "#d62728"), ("memory", "#1f77b4"), ("launch", "#7f7f7f"), ("index", "#9467bd")):
+    # the bars are terms, the implementations are on the x axis: colours outside COLORS, so that no term
+    # reads as an implementation (red is ours, blue FlexAttention everywhere else)
+    for term, color in (("compute", "#ff7f0e"), ("memory", "#17becf"), ("launch", "#bcbd22"), ("index", "#393b79")):
         fig.add_trace(go.Bar(x=impls, y=[r.costs[i].terms[term] for i in impls], name=term, marker_color=color,
                              hovertemplate=f"{term}: %{{y:.3g}} ms<extra></extra>"))
     fig.add_trace(go.Scatter(x=impls, y=[r.predicted[i] for i in impls], mode="markers", name="predicted total",
