@@ -9,7 +9,7 @@ The source material's equation, priced per kernel launch::
   once and cached on any other GPU (:func:`measure_ceilings`).
 * :func:`cost` ``(layout, shape, pass_="fwd" | "bwd" | "decode", routing=None, config=None,
   deterministic=True, *, pages=None, keep=None, impl="sparseattn" | "flex" | "cudnn", graph=False,
-  rebuild_layout=False, device=None)`` -> :class:`Cost`: every term, the prediction and the bound
+  rebuild_layout=False, device=None, host_ms=None)`` -> :class:`Cost`: every term, the prediction and the bound
   (``"compute"``, ``"memory"`` or ``"overhead"``). ``shape`` is a :class:`Shape` or a dict
   ``(B, Hq, Hkv, D, dtype)``; decode takes a :class:`~sparseattn.PagedKVCache` (or None and
   ``seq_len``/``page_size`` in the shape) with a :class:`~sparseattn.PageSelection` or a kept fraction.

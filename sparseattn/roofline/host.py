@@ -25,6 +25,11 @@ suite recorded with that path:
   ``book/data/bench/host-h200.json`` (N = 2048). :func:`sparseattn.roofline.cost` prices the code as it is
   now, so it uses this path.
 
+The host's own speed moves between runs on the lent H200 machines and within one (the same eager call: 0.030
+and 0.177 ms sixteen minutes apart), so a recorded ``T_host`` prices another run's host-bound calls only
+roughly. The crossover suite therefore measures ``T_host`` of every op at the start of each part, on a layout
+it does not sweep, and prices that part's eager rows with it (``cost(host_ms=...)``).
+
 Disjointness: a host-suite row whose layout and shape the crossover sweep also measured (the same block
 tables, B, H, D, dtype) is left out of the calibration of the path that prices the sweep
 (:func:`.calibrate.sweep_fingerprints`), so no evaluated point's own call is in the fit. ``launches`` is the model's
