@@ -170,3 +170,32 @@ def test_tma_default_is_bitwise_deterministic_and_matches_pointer_path():
     odd = _grads(layout, q, k_odd, v, do)
     for a, b in zip(odd, first):
         assert _rel(a.float(), b.double()) < 1e-2
+
+
+@pytest.mark.parametrize("pattern,N", [("window", 2048), ("causal", 2048), ("window", 4096)])
+def test_backward_launches_only_its_own_kernels(pattern, N):
+    """An eager backward call launches Δ, the dK/dV pass, the column reduce only when the plan cut columns, and
+    the dQ pass: no kernel filling a gradient for the LSE (it has none), and as many launches as the cost
+    model counts (2026-12-01 on the H200: a zero-fill kernel and a reduce at 2k, both unneeded)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sparseattn.ops.backward import column_work
+    from sparseattn.roofline.model import work_of
+    mm = P.sliding_window(1024) if pattern == "window" else P.causal()
+    layout = BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cuda")
+    q, k, v, do = (torch.randn(1, 16, N, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o = sa.sparse_attention(q, k, v, layout)
+    torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+             and not e.name.startswith(("Memcpy", "Memset"))]
+    cfg = bwd_config(q, layout)
+    reduce = column_work(layout, cfg.block_n, cfg.chunk, 16).reduce.shape[0] > 0
+    want = ["delta_kernel", "dkdv_kernel"] + (["column_reduce_kernel"] if reduce else []) + ["dq_kernel"]
+    assert sorted(names) == sorted(want), names
+    shape = {"B": 1, "Hq": 16, "D": 128, "dtype": "bf16"}
+    assert len(names) == work_of(layout.to("cpu"), shape, "bwd", cfg).launches
