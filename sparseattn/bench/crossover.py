@@ -334,20 +334,13 @@ def _flex_row(run: _Run, pass_: str, pt: dict) -> None:
         run.add(Record(case, Impl.FLEX, pass_, None, {**extra, "error": f"skipped: {run.budget.left():.0f} s left of "
                                                       f"the time budget, a compile takes up to {estimate:.0f} s"}))
         return
-    ms, first, dev_ms, err = _flex_time(run, pass_, pt["N"], pt["device_layout"])
-    if err is not None:
-        C.note(f"flex {case['pattern']} N={pt['N']} {pass_}: {err}")
-        run.add(Record(case, Impl.FLEX, pass_, None, {**extra, "error": err}))
-        return
-    if key not in run.flex_compiled:
-        run.flex_seen[pass_].append(first)
-        run.flex_compiled.add(key)
-    run.add(Record(case, Impl.FLEX, pass_, ms, {**extra, "first_call_s": first, "device_ms": dev_ms}))
+    run.add(_flex_time(run, pass_, pt["N"], pt["device_layout"], key, case, extra))
 
 
-def _flex_time(run: _Run, pass_: str, N: int, device_layout) -> tuple:
-    """FlexAttention compiled on ``device_layout``'s block mask: ``(ms, first call s, device ms, None)``, or
-    ``(None, None, None, error)`` when the compile or a launch fails (recorded, not fatal)."""
+def _flex_time(run: _Run, pass_: str, N: int, device_layout, key: tuple, case: dict, extra: dict) -> Record:
+    """FlexAttention compiled on ``device_layout``'s block mask: its row (eager and device times, the first
+    call's seconds, counted as a compile of ``key`` when it was one), or a row with the error when the compile
+    or a launch fails (recorded, not fatal)."""
     q, k, v, do = run.qkv(N, pass_ == "bwd")
     t0 = time.perf_counter()
     try:
@@ -365,8 +358,13 @@ def _flex_time(run: _Run, pass_: str, N: int, device_layout) -> tuple:
         flex = C.compiled_flex()
         dev_ms = _device_ms(run, pass_, lambda a, b, c: flex(a, b, c, block_mask=bm), N)
     except Exception as e:  # a compile or launch failure
-        return None, None, None, f"{type(e).__name__}: {str(e)[:200]}"
-    return ms, first, dev_ms, None
+        err = f"{type(e).__name__}: {str(e)[:200]}"
+        C.note(f"flex {case['pattern']} N={N} {pass_}: {err}")
+        return Record(case, Impl.FLEX, pass_, None, {**extra, "error": err})
+    if key not in run.flex_compiled:
+        run.flex_seen[pass_].append(first)
+        run.flex_compiled.add(key)
+    return Record(case, Impl.FLEX, pass_, ms, {**extra, "first_call_s": first, "device_ms": dev_ms})
 
 
 def _routing_rows(run: _Run, pass_: str) -> None:
@@ -413,15 +411,8 @@ def _routing_rows(run: _Run, pass_: str) -> None:
             # shapes of a length's block mask do not change with top-k, so one compile per length and pass
             key = (pass_, "routing", N)
             if not run.args.no_flex and run.budget.allows(run.flex_estimate(pass_, key)):
-                f_ms, first, f_dev, err = _flex_time(run, pass_, N, lay)
-                if err is not None:
-                    C.note(f"flex routing N={N} {pass_}: {err}")
-                elif key not in run.flex_compiled:
-                    run.flex_seen[pass_].append(first)
-                    run.flex_compiled.add(key)
-                run.add(Record(case, Impl.FLEX, pass_, f_ms, {**_prefill_pred(cpu, run, pass_, "flex"),
-                                                             "part": pass_, "device_ms": f_dev,
-                                                             **({"error": err} if err else {"first_call_s": first})}))
+                run.add(_flex_time(run, pass_, N, lay, key, case,
+                                   {**_prefill_pred(cpu, run, pass_, "flex"), "part": pass_}))
             run.save()
 
 
@@ -646,7 +637,7 @@ def measured_crossovers(bf: BenchFile) -> List[dict]:
         fx = [p[3].ms if p[3] is not None else None for p in pts]
         fpts = [(g, f, c) for g, f, c in zip(grid, fx, cud) if f is not None]
         # the same crossings on the CUDA-graph replays: the kernels alone, whatever the host's speed that day
-        dev = lambda r: r.get("device_ms") if r is not None else None  # noqa: E731
+        dev = lambda r: r.time("device") if r is not None else None  # noqa: E731
         odev = [(g, dev(p[1]), dev(p[2])) for g, p in zip(grid, pts) if dev(p[1]) and dev(p[2])]
         fdev = [(g, dev(p[3]), dev(p[2])) for g, p in zip(grid, pts) if dev(p[3]) and dev(p[2])]
         have_pred = all(x is not None for x in pred + cud_pred)

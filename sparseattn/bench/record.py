@@ -21,7 +21,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-__all__ = ["Impl", "Pass", "Record", "BenchFile", "load", "load_path", "bench_filename", "DEFAULT_DIR"]
+__all__ = ["Impl", "Pass", "Record", "TIMINGS", "check_timing", "BenchFile", "load", "load_path", "bench_filename", "DEFAULT_DIR"]
 
 #: Where recorded files live in a checkout: ``book/data/bench/``.
 DEFAULT_DIR = pathlib.Path(__file__).resolve().parents[2] / "book" / "data" / "bench"
@@ -88,6 +88,17 @@ def _check_name(what: str, value: Any, known: frozenset) -> None:
                          f"sparseattn.bench.record), got {value!r}")
 
 
+#: How a row's call was timed: the eager event-timed call, or its CUDA-graph replay (:meth:`Record.time`).
+TIMINGS = ("eager", "device")
+
+
+def check_timing(timing: str) -> str:
+    """``timing`` if it is one of :data:`TIMINGS`, else a ValueError naming the argument."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be 'eager' or 'device', got {timing!r}")
+    return timing
+
+
 @dataclass(frozen=True)
 class Record:
     """One measurement: ``case`` (the shape and pattern measured: ``pattern``, ``N``, ``B``, ``dtype``, ...),
@@ -128,6 +139,12 @@ class Record:
     def is_sweep(self) -> bool:
         """A row of a prefill/backward config sweep (``"sweep": true``), not a default-config measurement."""
         return self.extra.get("sweep") is True
+
+    def time(self, timing: str) -> Optional[float]:
+        """The row's milliseconds as ``timing`` says: ``"eager"`` the event-timed call (``ms``), ``"device"`` the
+        same call replayed from a CUDA graph (``device_ms``; None for a row without one or a failed one)."""
+        check_timing(timing)
+        return self.ms if timing == "eager" or self.ms is None else self.get("device_ms")
 
     def get(self, key: str, default=None):
         """A field of ``extra`` (``tflops``, ``tbps``, ``bytes``, ...)."""

@@ -12,7 +12,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from ..bench.cases import dense_pattern_of
-from ..bench.record import BenchFile, Impl, Pass
+from ..bench.record import BenchFile, Impl, Pass, check_timing
 from ..layout import BlockLayout
 from ..roofline import cost
 from ..roofline.counts import as_shape
@@ -46,11 +46,10 @@ def four_ways_series(prefill: BenchFile, crossover: Optional[BenchFile], pattern
     lengths and the crossover), the others from ``prefill``. Rows whose measurement failed are left out.
     ``timing``: ``"eager"`` (the event-timed call, ``ms``) or ``"device"`` (the same call replayed from a
     CUDA graph, ``device_ms``: no host work; rows without it, the naive one's and older runs', are left out)."""
-    if timing not in ("eager", "device"):
-        raise ValueError(f"timing must be 'eager' or 'device', got {timing!r}")
+    check_timing(timing)
 
     def ms_of(r):
-        return r.ms if timing == "eager" or r.ms is None else r.get("device_ms")
+        return r.time(timing)
 
     files = [f for f in (crossover, prefill) if f is not None]
     env = None

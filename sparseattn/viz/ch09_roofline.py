@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..bench.crossover import measured_crossovers, prediction_ratios, ratio_summary
-from ..bench.record import BenchFile, Impl, Pass
+from ..bench.record import BenchFile, Impl, Pass, check_timing
 from ..roofline import calibrate, ceilings as recorded_ceilings, cost
 from ..roofline.ceilings import Ceilings
 from ..roofline.counts import Shape
@@ -263,11 +263,10 @@ def length_brackets(doc: BenchFile, timing: str = "eager") -> List[dict]:
     (:func:`~sparseattn.roofline.crossover.bracket`), on the lengths all three were measured at, timed
     ``"eager"`` (``ms``) or on ``"device"`` time (``device_ms``, the CUDA-graph replay).
     ``[{"family", "pattern", "pass", "timing", "N", "ours", "flex"}]``."""
-    if timing not in ("eager", "device"):
-        raise ValueError(f"timing must be 'eager' or 'device', got {timing!r}")
+    check_timing(timing)
 
     def ms(r):
-        return r.ms if timing == "eager" or r.ms is None else r.get("device_ms")
+        return r.time(timing)
 
     out = []
     for fam in ("window", "sinks_window"):
