@@ -82,6 +82,8 @@ class Point:
     case: dict = field(default_factory=dict)
     row: dict = field(default_factory=dict)
     role: str = ""
+    host_path: Optional[str] = None  # the host path its run used (None: :data:`.host.RECORDED_PATH`)
+    host_ms: Optional[float] = None  # the host time its run measured for its op and pass (crossover parts)
 
     def label(self) -> str:
         extra = (" graph" if self.graph else "") if self.pass_ != "decode" else \
@@ -183,10 +185,8 @@ def load_points(bench_dir=None, docs: Optional[Dict[str, dict]] = None) -> List[
                 # the host path the row's part ran (recorded since the cached launch; before it, every run
                 # bound its launches through Triton), and the host time the part measured for the row's op
                 part = parts.get(r.get("part"), {})
-                p.row.setdefault("_host_path", part.get("host_path", H.RECORDED_PATH))
-                measured = part.get("host_ms", {}).get(f"{r['impl']}/{p.pass_}")
-                if measured is not None:
-                    p.row.setdefault("_host_ms", measured)
+                p.host_path = part.get("host_path")
+                p.host_ms = part.get("host_ms", {}).get(f"{r['impl']}/{p.pass_}")
                 sweep_points.append(p)
     # a host-suite device point whose call the sweep also measured is kept out of the fit (disjointness) ...
     sweep = sweep_fingerprints(sweep_points)
@@ -436,10 +436,10 @@ def _host_for(p: Point, host: Optional[dict]) -> Optional[dict]:
     its run used (a crossover part records it; every other recorded file ran :data:`.host.RECORDED_PATH`)."""
     if host is None or p.pass_ not in ("fwd", "bwd") or p.graph:
         return None
-    if p.row.get("_host_ms") is not None:  # measured in the point's own run, on a layout it did not sweep
-        return {"host_ms": float(p.row["_host_ms"]), "host_launch_ms": 0.0}
+    if p.host_ms is not None:  # measured in the point's own run, on a layout it did not sweep
+        return {"host_ms": float(p.host_ms), "host_launch_ms": 0.0}
     impl = "sparseattn" if p.impl.startswith("sparseattn") else p.impl
-    path = p.row.get("_host_path", host["recorded"])
+    path = p.host_path or host["recorded"]
     return host["paths"][path]["params"].get(f"{impl}/{p.pass_}")
 
 
