@@ -19,10 +19,17 @@ read, so a hit can never pick a different variant than Triton would:
 Anything else in the arguments, a launch hook set in ``triton.knobs`` (profilers use them), or the
 interpreter turns the cache off for that call. ``enabled(False)`` turns it off in a block (tests compare the
 two paths bitwise; the host suite measures both).
+
+A hit calls the launcher's C entry point directly with the argument list Triton's Python launcher would build
+(its scratch-buffer step and its loop that expands every tensor descriptor into a tensor map, shape and
+strides run per call in Python over all ~80 arguments; here the fixed arguments are expanded once, at bind
+time, and only the per-call descriptors are expanded, by Triton's own ``make_tensordesc_arg``). Kernels that
+need a scratch buffer keep Triton's launcher.
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import os
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
@@ -39,8 +46,17 @@ stats = {"hits": 0, "binds": 0}
 
 class _Bound(NamedTuple):
     compiled: Any  # triton CompiledKernel
-    template: list  # the kernel's arguments in parameter order, the per-call ones left as None
-    slots: Tuple[Tuple[int, str], ...]  # (position, name) of the per-call arguments
+    template: list  # the launcher's arguments, the per-call ones left as None (expanded when ``raw`` is set)
+    slots: Tuple[Tuple[int, str, Any], ...]  # (position, name, descriptor expansion or None) per-call arguments
+    raw: Optional[Callable]  # the launcher's C entry point (None: the compiled kernel's ``run``)
+    head: tuple  # what ``raw`` takes between the stream and the kernel's arguments
+
+
+class _Expand(NamedTuple):
+    """A tensor-descriptor argument of the raw launch: Triton's expansion of it (``make_tensordesc_arg``,
+    with the compiled kernel's metadata for it) occupies ``width`` consecutive positions."""
+    meta: Any
+    width: int
 
 
 class Static(dict):
@@ -122,21 +138,23 @@ def _jit_fn(kernel):
     return None
 
 
-def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Callable[[], Any]):
+def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Callable[[], Any],
+           stream: Optional[torch.cuda.Stream] = None):
     """Launch ``kernel`` on ``grid`` with the arguments of ``static`` (None: none) and ``kwargs`` (the
     per-call ones; launch options may be in either); ``slow()`` is the ordinary ``kernel[grid](**all)``
-    call, used to bind and compile on a miss."""
+    call, used to bind and compile on a miss. ``stream``: launch there instead of on the current stream
+    (a hit passes its handle to the launcher; a miss runs ``slow()`` with it made current)."""
     if not _ENABLED or _hooks_set():
-        return slow()
+        return _on(stream, slow)
     device = torch.cuda.current_device()
     try:
         key = (id(kernel), device, None if static is None else static.token, tuple(kwargs),
                tuple(map(_arg_key, kwargs.values())))
     except _Uncacheable:
-        return slow()
+        return _on(stream, slow)
     bound = _CACHE.get(key)
     if bound is None:
-        compiled = slow()
+        compiled = _on(stream, slow)
         bound = _bind(kernel, {**(static or {}), **kwargs}, kwargs, compiled)
         if bound is not None:
             if len(_CACHE) >= _MAX_ENTRIES:
@@ -145,17 +163,36 @@ def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Ca
         stats["binds"] += 1
         return compiled
     args = bound.template.copy()
-    for i, name in bound.slots:
-        args[i] = kwargs[name]
+    for i, name, expand in bound.slots:
+        if expand is None:
+            args[i] = kwargs[name]
+        else:
+            args[i:i + expand.width] = _make_tensordesc_arg(kwargs[name], expand.meta)
     g0 = grid[0]
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     c = bound.compiled
-    stream = torch._C._cuda_getCurrentRawStream(device)  # what Triton's driver asks torch for
+    # what Triton's driver asks torch for
+    handle = torch._C._cuda_getCurrentRawStream(device) if stream is None else stream.cuda_stream
     # no hook is registered (checked above): no launch metadata, and the launcher skips None hooks
-    c.run(g0, g1, g2, stream, c.function, c.packed_metadata, None, None, None, *args)
+    if bound.raw is not None:
+        bound.raw(g0, g1, g2, handle, c.function, *bound.head, *args)
+    else:
+        c.run(g0, g1, g2, handle, c.function, c.packed_metadata, None, None, None, *args)
     stats["hits"] += 1
     return c
+
+
+def _on(stream: Optional[torch.cuda.Stream], fn: Callable[[], Any]):
+    if stream is None:
+        return fn()
+    with torch.cuda.stream(stream):
+        return fn()
+
+
+def _make_tensordesc_arg(desc, meta) -> list:
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    return make_tensordesc_arg(desc, meta)
 
 
 def _bind(kernel, every: dict, per_call: dict, compiled) -> Optional[_Bound]:
@@ -183,4 +220,59 @@ def _bind(kernel, every: dict, per_call: dict, compiled) -> Optional[_Bound]:
             return None
     c = compiled.result() if hasattr(compiled, "result") else compiled
     c.run  # noqa: B018 — loads the module and builds the launcher now, as the first launch did
-    return _Bound(c, template, tuple(slots))
+    raw = _raw_entry(c, template, slots, every)
+    if raw is None:
+        return _Bound(c, template, tuple((i, name, None) for i, name in slots), None, ())
+    entry, head, metas = raw
+    return _Bound(c, *_expanded(template, slots, metas, every), entry, head)
+
+
+def _raw_entry(c, template: list, slots: list, every: dict):
+    """``(C entry point, head, {parameter position: descriptor metadata})`` of the compiled kernel's launcher
+    when it is Triton's CUDA launcher (optionally wrapped by its tensor-descriptor expansion) without scratch
+    buffers, and the wrapper expands exactly the parameters that hold tensor descriptors here; else None."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except ImportError:
+        return None
+    launcher = c.run
+    if not isinstance(launcher, CudaLauncher) or launcher.global_scratch_size or launcher.profile_scratch_size:
+        return None
+    entry, positions, metas = launcher.launch, [], []
+    if getattr(entry, "__closure__", None):  # wrap_handle_tensordesc's ``inner``
+        names = inspect.getclosurevars(entry).nonlocals
+        if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= set(names):
+            return None
+        entry, positions, metas = names["launcher"], sorted(names["tensordesc_indices"]), names["tensordesc_meta"]
+    per_call = dict(slots)
+    values = [every[per_call[i]] if i in per_call else v for i, v in enumerate(template)]
+    if [i for i, v in enumerate(values) if _is_desc(v)] != positions or len(metas) != len(positions):
+        return None
+    head = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, c.packed_metadata, None, None, None)
+    return entry, head, dict(zip(positions, metas))
+
+
+def _expanded(template: list, slots: list, metas: dict, every: dict):
+    """The raw launcher's template (every descriptor parameter expanded as Triton's wrapper would; a per-call
+    one reserved at the width of its bind-time expansion) and the per-call slots in it."""
+    per_call = dict(slots)
+    flat, out_slots = [], []
+    for i, value in enumerate(template):
+        if i in per_call:
+            name = per_call[i]
+            if i in metas:
+                width = len(_make_tensordesc_arg(every[name], metas[i]))
+                out_slots.append((len(flat), name, _Expand(metas[i], width)))
+                flat.extend([None] * width)
+            else:
+                out_slots.append((len(flat), name, None))
+                flat.append(None)
+        elif i in metas:
+            flat.extend(_make_tensordesc_arg(value, metas[i]))
+        else:
+            flat.append(value)
+    return flat, tuple(out_slots)
+
+
+def _is_desc(v) -> bool:
+    return type(v).__name__ == "TensorDescriptor"

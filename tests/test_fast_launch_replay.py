@@ -20,10 +20,10 @@ def _record(monkeypatch):
     calls = []
     real = L.launch
 
-    def recording(kernel, grid, *, num_stages, static=None, **kwargs):
+    def recording(kernel, grid, *, num_stages, static=None, stream=None, **kwargs):
         name = kernel.fn.__name__ if hasattr(kernel, "fn") and hasattr(kernel.fn, "__name__") else kernel.__name__
         calls.append((name, tuple(grid), num_stages, None if static is None else dict(static), dict(kwargs)))
-        return real(kernel, grid, num_stages=num_stages, static=static, **kwargs)
+        return real(kernel, grid, num_stages=num_stages, static=static, stream=stream, **kwargs)
     monkeypatch.setattr(L, "launch", recording)
     return calls
 

@@ -204,17 +204,79 @@ def head_kwargs(layout: BlockLayout, Hq: int, Hkv: int) -> dict:
 
 
 def row_order(layout: BlockLayout, block_m: int) -> torch.Tensor:
-    """Kernel query sub-tiles sorted by their row's tile count, longest first (cached per layout; rebuilt on
-    the device at every call for a dynamic layout, whose counts may change: a few launches, no host sync)."""
+    """Kernel query sub-tiles in launch order, longest row first: sorted by their row's tile count (cached
+    per layout). A dynamic layout's counts change from call to call, so it gets a shape-only order instead,
+    last query tile first -- the longest-first order of a causal selection, whose rows can only hold the
+    blocks at or before them (route's rows fill to capacity as soon as they can), and any order is as good as
+    another for rows of equal length. No device work per call, and a captured graph keeps it."""
+    n_m = math.ceil(layout.q_len / block_m)
+    if layout.dynamic:
+        key = ("reverse_order", n_m, layout.device)
+        if key not in _SHAPE_PLANS:
+            _SHAPE_PLANS[key] = torch.arange(n_m - 1, -1, -1, device=layout.device, dtype=torch.int32)
+        return _SHAPE_PLANS[key]
+
     def build():
         work = (layout.kv_count + layout.full_count).sum(dim=(0, 1))  # [nq]
-        sub = layout.block_q // block_m
-        n_m = math.ceil(layout.q_len / block_m)
-        per_m = work.repeat_interleave(sub)[:n_m]
+        per_m = work.repeat_interleave(layout.block_q // block_m)[:n_m]
         return torch.argsort(per_m, descending=True, stable=True).to(torch.int32)
-    if layout.dynamic:
-        return build()
     return layout.plan(("row_order", block_m), build)
+
+
+#: launch plans of dynamic layouts, keyed by the layout's shape (bounded like the launch cache: every new
+#: sequence length is a new key)
+_SHAPE_PLANS: dict = {}
+_MAX_SHAPE_PLANS = 1024
+
+def layout_tables(layout: BlockLayout) -> dict:
+    """The prefill launch arguments that hold a layout's own tables, as callables giving this layout's
+    values (``BITS``: the bits its mask path reads -- None on the predicate path, even with tile bits)."""
+    return {"KV_COUNT": lambda: layout.kv_count, "KV_INDEX": lambda: layout.kv_index,
+            "FULL_COUNT": lambda: layout.full_count, "FULL_INDEX": lambda: layout.full_index,
+            "ROW_SLOT": lambda: layout.row_slot, "BITS": lambda: mask_path(layout).bits}
+
+
+def _table_shape(t: Optional[torch.Tensor]):
+    return None if t is None else (t.dtype, tuple(t.shape))
+
+
+def shape_key(layout: BlockLayout):
+    """What a dynamic layout's launch arguments depend on besides its tables: its shape, its tables' shapes,
+    its mask path (predicate or tile bits). None when the predicate carries data of its own (document ids)."""
+    pred = mask_path(layout).pred
+    if pred is not None and pred.doc_ids is not None:
+        return None
+    return (layout.B, layout.H, layout.q_len, layout.kv_len, layout.q_offset, layout.block_q, layout.block_k,
+            layout.width, layout.full_width, layout.device, pred, _table_shape(layout.tile_bits),
+            _table_shape(layout.row_slot))
+
+
+def dynamic_plan(layout: BlockLayout, key, build, tables: dict) -> tuple:
+    """``(plan, per_call)`` for a dynamic layout. ``build()`` makes a launch plan: a dict whose :class:`Static`
+    values are launch arguments. It is cached by ``key`` and :func:`shape_key` with the arguments named in
+    ``tables`` (name -> callable giving this call's value: the layout's own tables, content-derived plans)
+    taken out of every Static; ``per_call[name of the Static]`` holds them for this call. :func:`route` makes
+    a new layout at every step, so a plan per layout object rebuilt ~60 launch arguments and passed them all
+    per call (H200, routed forward at N = 2k: 0.14 ms of host time per call, more than its kernel). A layout
+    whose shape key is None gets its plan built per call, every argument passed per call."""
+    shape = shape_key(layout)
+    if shape is None:
+        plan = build()
+        return ({k: None if isinstance(v, Static) else v for k, v in plan.items()},
+                {k: dict(v) for k, v in plan.items() if isinstance(v, Static)})
+    full_key = (key, shape)
+    entry = _SHAPE_PLANS.get(full_key)
+    if entry is None:
+        plan = build()
+        names = {k: tuple(a for a in v if a in tables) for k, v in plan.items() if isinstance(v, Static)}
+        plan = {k: Static({a: x for a, x in v.items() if a not in tables}) if isinstance(v, Static) else v
+                for k, v in plan.items()}
+        if len(_SHAPE_PLANS) >= _MAX_SHAPE_PLANS:
+            _SHAPE_PLANS.clear()
+        entry = _SHAPE_PLANS[full_key] = (plan, names)
+    plan, names = entry
+    values = {a: tables[a]() for a in set().union(*names.values())}
+    return plan, {k: {a: values[a] for a in ns} for k, ns in names.items()}
 
 
 # ---- launching -----------------------------------------------------------------------------------------------
@@ -305,26 +367,27 @@ def elapsed_ms(entry) -> float:
     return start.elapsed_time(end)
 
 
-def launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **kwargs):
-    """Launch as :func:`_launch` does; inside :func:`timed_launches`, also record the launch's start and end."""
+def launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, stream=None, **kwargs):
+    """Launch as :func:`_launch` does; inside :func:`timed_launches`, also record the launch's start and end.
+    ``stream``: a CUDA stream to launch on instead of the current one."""
     if _TIMED is None:
-        return _launch(kernel, grid, num_stages=num_stages, static=static, **kwargs)
+        return _launch(kernel, grid, num_stages=num_stages, static=static, stream=stream, **kwargs)
     import time
     timed = _TIMED
     name = getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
     cuda = not _runtime.is_interpreter()
     start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
     if cuda:
-        start.record()
-    out = _launch(kernel, grid, num_stages=num_stages, static=static, **kwargs)
+        start.record(stream)
+    out = _launch(kernel, grid, num_stages=num_stages, static=static, stream=stream, **kwargs)
     end = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
     if cuda:
-        end.record()
+        end.record(stream)
     timed.append((name, start, end))
     return out
 
 
-def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **kwargs):
+def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, stream=None, **kwargs):
     """``kernel[grid](**static, **kwargs)``; if the tile config needs more shared memory than the GPU has (the
     bit-mask path adds a buffer), retry with fewer pipeline stages. On the GPU, a call whose arguments
     specialise as an earlier call's did skips Triton's argument binding (:mod:`sparseattn._fast_launch`; ``static``:
@@ -334,14 +397,8 @@ def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, *
         return _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs})
     kwargs["num_stages"] = num_stages
     return _fast_launch.launch(kernel, grid, static, kwargs,
-                               lambda: _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs}))
-
-
-def kept(args: Static, layout: BlockLayout) -> dict:
-    """Keyword arguments passing launch arguments kept on ``layout`` to :func:`launch`: as its ``static``,
-    or, for a dynamic layout (whose arguments are rebuilt every call, so a token per call would only fill
-    the cache), as per-call arguments."""
-    return dict(args) if layout.dynamic else {"static": args}
+                               lambda: _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs}),
+                               stream)
 
 
 #: ``(kernel name, stages now tried)`` each time a launch retried with fewer pipeline stages for lack of shared

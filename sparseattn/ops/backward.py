@@ -3,7 +3,7 @@ launches of the dK/dV and dQ kernels (the dQ pass, when ``BwdConfig.dq_split`` a
 :func:`sparseattn.balance.plan` and sums split rows' partials in a fixed order)."""
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -148,14 +148,18 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
     key = ("bwd_args", cfg, deterministic, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(), k.stride(),
            v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(), None if dq is None else dq.stride(), scale)
-    st = _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg) if layout.dynamic else \
-        layout.plan(key, lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg))
-    plan = st["plan"]
+    build = lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg)  # noqa: E731
+    st, per_call = (layout.plan(key, build), {}) if not layout.dynamic else \
+        L.dynamic_plan(layout, key, build, _dynamic_tables(layout, cfg.block_n))
+    plan = st["plan"]  # for a dynamic layout, only its shape-only sizes are read here
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)  # rowsum(dO * O)
-    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], **L.kept(st["delta"], layout), O=o, DO=do, DELTA=delta,
+    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], static=st["delta"], **per_call.get("delta", {}), O=o, DO=do, DELTA=delta,
              num_stages=1)
-    ws_k = torch.empty(B * Hkv, max(plan.n_ws, 1), cfg.block_n, D, device=q.device, dtype=torch.float32)
-    ws_v = torch.empty_like(ws_k)
+    if plan.n_ws:
+        ws_k = torch.empty(B * Hkv, plan.n_ws, cfg.block_n, D, device=q.device, dtype=torch.float32)
+        ws_v = torch.empty_like(ws_k)
+    else:  # no column is split: the kernel never touches a workspace (two allocations fewer per call)
+        ws_k = ws_v = _no_workspace(q.device)
     dq_acc = None if deterministic else torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32)
     tensors = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta)
     tma = st["tma"] and L.tma_ok(q, k, v, do)  # each call checks its tensors' alignment
@@ -164,30 +168,49 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     # the dQ pass needs only Δ (and the plan): forked here, before the dK/dV launch, onto a side stream
     side = _runtime.side_stream(q.device) if deterministic and cfg.overlap and q.is_cuda else None
     if side is not None:
-        side.wait_stream(torch.cuda.current_stream(q.device))
-    L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], **L.kept(st["dkdv"], layout), DK=dk, DV=dv,
+        current = torch.cuda.current_stream(q.get_device())
+        fork, join = _runtime.fork_events(q.device)
+        fork.record(current)
+        side.wait_event(fork)
+    L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], static=st["dkdv"], **per_call.get("dkdv", {}), DK=dk, DV=dv,
              DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors, **_descriptors(q, k, v, do, cfg.block_m, cfg.block_n, tma),
              num_stages=cfg.num_stages)
     if plan.reduce.shape[0]:  # fixed-order sum of the chunks of split columns (no host sync)
-        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], **L.kept(st["reduce"], layout),
+        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], static=st["reduce"], **per_call.get("reduce", {}),
                  WS_K=ws_k, WS_V=ws_v, DK=dk, DV=dv, num_stages=1)
     if not deterministic:
         return (dq_acc * scale).to(q.dtype), dk, dv
     tasks = dict(TASKS=None, N_TASKS=None, WS_DQ=None, ws_cap=0) if split is None else dict(
         TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
     grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
-    with (torch.cuda.stream(side) if side is not None else contextlib.nullcontext()):
-        L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), **L.kept(st["dq"], layout), **tasks, DQ=dq, **tensors,
-                 **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma), num_stages=cfg.dq_stages)
-        if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
-            block_d = min(D, 64)
-            L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
-                     WS_DQ=split.ws, MERGE=split.plan.merge, N_MERGE=split.plan.n_merge, DQ=dq,
-                     **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
-                     HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
+    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), static=st["dq"], **per_call.get("dq", {}), **tasks, DQ=dq, **tensors,
+             **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma), num_stages=cfg.dq_stages,
+             stream=side)
+    if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
+        block_d = min(D, 64)
+        L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
+                 WS_DQ=split.ws, MERGE=split.plan.merge, N_MERGE=split.plan.n_merge, DQ=dq,
+                 **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
+                 HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1, stream=side)
     if side is not None:  # joined before anything reads dq or frees Δ and the workspaces
-        torch.cuda.current_stream(q.device).wait_stream(side)
+        join.record(side)
+        current.wait_event(join)
     return dq, dk, dv
+
+
+@functools.lru_cache(maxsize=None)
+def _no_workspace(device: torch.device) -> torch.Tensor:
+    return torch.empty(1, device=device, dtype=torch.float32)
+
+
+def _dynamic_tables(layout: BlockLayout, block_n: int) -> dict:
+    """The backward launch arguments a dynamic layout supplies per call (:func:`~._launch.dynamic_plan`): its
+    tables, its transposed lists and the dK/dV work plan of this call's lists."""
+    t = layout.transposed_lists()
+    work = dynamic_column_work(layout, block_n)
+    return {**L.layout_tables(layout), "Q_COUNT": lambda: t.q_count, "Q_INDEX": lambda: t.q_index,
+            "Q_SLOT": lambda: t.q_slot, "FULL_Q_COUNT": lambda: t.full_q_count,
+            "FULL_Q_INDEX": lambda: t.full_q_index, "WORK": lambda: work.work, "REDUCE": lambda: work.reduce}
 
 
 def _descriptors(q, k, v, do, block_m: int, block_n: int, tma: bool) -> dict:

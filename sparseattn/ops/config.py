@@ -139,7 +139,6 @@ def default_config(kind: str, family: str, dtype: torch.dtype, head_dim: int):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def layout_default(kind: str, device: torch.device, interpreter: bool, dtype: torch.dtype, head_dim: int,
                    block_q: int, block_k: int):
     """The default config of ``kind`` for these inputs, clipped to a layout's tiles (cached: the per-call host

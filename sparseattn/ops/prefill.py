@@ -41,8 +41,9 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
     # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
     key = ("fwd_args", cfg, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
            o.stride(), scale)
-    static = _static_kwargs(q, k, v, o, layout, scale, cfg) if layout.dynamic else \
-        layout.plan(key, lambda: _static_kwargs(q, k, v, o, layout, scale, cfg))
+    build = lambda: _static_kwargs(q, k, v, o, layout, scale, cfg)  # noqa: E731
+    static, per_call = L.dynamic_plan(layout, key, build, L.layout_tables(layout)) if layout.dynamic else \
+        (layout.plan(key, build), {})
     split = S.prepare(layout, cfg.block_m, cfg.split, B, Hq, D, q.device) if cfg.split is not None else None
     tma = static["tma"] and L.tma_ok(q, k, v)
     descs = L.tensor_descriptors(D, q=(q, cfg.block_m), k=(k, cfg.block_n), v=(v, cfg.block_n)) if tma else \
@@ -51,7 +52,7 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
     L.launch(
         prefill_fwd.sparse_fwd_kernel,
         S.grid(split, persistent, L.num_sms(q.device)) if split is not None else static["grid"],
-        **L.kept(static["kwargs"], layout),
+        static=static["kwargs"], **per_call.get("kwargs", {}),
         Q=q, K=k, V=v, O=o, LSE=lse, **descs,
         **(S.kernel_kwargs(split, persistent) if split is not None else {}), num_stages=cfg.num_stages,
     )

@@ -1,0 +1,77 @@
+"""Launch plans of dynamic layouts (sparseattn/ops/_launch.py ``dynamic_plan``): layouts of one shape share
+one cached plan, every call reads its own layout's tables, forward and backward, against the fp64 reference
+on each layout's dense mask; the mask path decides ``BITS``; document predicates fall back to per-call
+arguments; the shape-only row order."""
+import torch
+
+import sparseattn as sa
+from sparseattn import BlockLayout, patterns as P
+from sparseattn.ops import _launch as L
+
+
+def _grads(q, k, v, layout, do):
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = sa.sparse_attention(qg, kg, vg, layout)
+    o.backward(do)
+    return o.detach(), qg.grad, kg.grad, vg.grad
+
+
+def _reference(q, k, v, layout, do):
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o = sa.reference_attention(qd, kd, vd, layout.to_dense())
+    o.backward(do.double())
+    return o.detach(), qd.grad, kd.grad, vd.grad
+
+
+def test_routed_layouts_of_one_shape_share_a_plan_and_use_their_own_tables():
+    torch.manual_seed(0)
+    N, D = 512, 32
+    q = torch.randn(1, 2, N, D)
+    k, v = torch.randn(1, 2, N, D), torch.randn(1, 2, N, D)
+    do = torch.randn_like(q)
+    first = sa.route(q, k, 64, 64, topk=1, sinks=0, causal=True)
+    second = sa.route(-q, k, 64, 64, topk=1, sinks=0, causal=True)
+    assert not torch.equal(first.full_index, second.full_index)  # two different selections of one shape
+    L._SHAPE_PLANS.clear()
+    for layout in (first, second, first):
+        got = _grads(q, k, v, layout, do)
+        want = _reference(q, k, v, layout, do)
+        for g, w in zip(got, want):
+            assert g.isfinite().all()
+            assert ((g.double() - w).norm() / w.norm()).item() < 1e-4
+    plans = [key for key in L._SHAPE_PLANS if isinstance(key[0], tuple)]
+    assert len(plans) == 2, plans  # one forward plan, one backward plan, for both layouts
+
+
+def test_a_dynamic_layout_with_a_predicate_passes_no_bits():
+    layout = sa.route(torch.randn(1, 1, 128, 16), torch.randn(1, 1, 128, 16), 64, 64, topk=1)
+    with_bits = BlockLayout.from_lists(layout.kv_count, layout.kv_index, layout.full_count, layout.full_index,
+                                       q_len=128, kv_len=128, block_q=64, block_k=64, mask_mod=P.causal(),
+                                       tile_bits=torch.zeros(1, 1, 2, layout.width, 64 * 64 // 8, dtype=torch.uint8),
+                                       trusted=True)
+    assert L.mask_path(with_bits).pred is not None
+    assert L.layout_tables(with_bits)["BITS"]() is None
+
+
+def test_document_predicates_build_their_plan_per_call():
+    docs = torch.tensor([0] * 100 + [1] * 156)
+    static = BlockLayout.from_mask_mod(P.and_masks(P.causal(), P.document(docs)), 256, 256, 64, 64)
+    layout = BlockLayout.from_lists(static.kv_count, static.kv_index, static.full_count, static.full_index,
+                                    q_len=256, kv_len=256, block_q=64, block_k=64, mask_mod=static.mask_mod,
+                                    trusted=True)
+    assert L.shape_key(layout) is None
+    plan, per_call = L.dynamic_plan(layout, "k", lambda: {"kwargs": L.Static(DOC=1, KV_COUNT=2), "grid": (1,)},
+                                    L.layout_tables(layout))
+    assert plan == {"kwargs": None, "grid": (1,)} and per_call == {"kwargs": {"DOC": 1, "KV_COUNT": 2}}
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 1, 256, 16) for _ in range(3))
+    do = torch.randn_like(q)
+    for g, w in zip(_grads(q, k, v, layout, do), _reference(q, k, v, layout, do)):
+        assert ((g.double() - w).norm() / w.norm()).item() < 1e-4
+
+
+def test_a_dynamic_layouts_rows_run_last_tile_first():
+    layout = sa.route(torch.randn(1, 1, 300, 16), torch.randn(1, 1, 300, 16), 64, 64, topk=2)
+    assert L.row_order(layout, 32).tolist() == list(range(9, -1, -1))
+    static = BlockLayout.from_mask_mod(P.causal(), 300, 300, 64, 64)
+    assert L.row_order(static, 64).tolist() == [4, 3, 2, 1, 0]

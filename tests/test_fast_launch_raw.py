@@ -1,0 +1,81 @@
+"""The cached launch path's direct call of the launcher's C entry point (sparseattn/_fast_launch.py) hands it
+exactly the argument list Triton's own Python launcher builds: the same head, the fixed arguments expanded
+once at bind time, the per-call tensor descriptors expanded per call -- checked on the CPU with Triton's real
+``CudaLauncher.__call__`` and ``wrap_handle_tensordesc`` around a recording entry point."""
+import types
+
+import pytest
+import torch
+
+from sparseattn import _fast_launch as F
+
+driver = pytest.importorskip("triton.backends.nvidia.driver")
+
+
+class _FakeDriver:
+    """``triton.runtime.driver.active`` for ``make_tensordesc_arg``: a tensor map is a tuple of its inputs."""
+    class utils:
+        @staticmethod
+        def fill_tma_descriptor(ptr, swizzle, elem_size, dtype, block, shape, strides, padding):
+            return ("tensormap", ptr, swizzle, elem_size, dtype, tuple(block), tuple(shape), tuple(strides), padding)
+
+
+def _kernel_and_launcher(meta_for_descs, calls):
+    """A stand-in JIT kernel ``k(X, desc_a, n, FLAG: constexpr, desc_b, Y)`` and a compiled kernel whose ``run``
+    is Triton's CudaLauncher around a recording entry point."""
+    from triton.runtime.jit import JITFunction
+
+    def k(X, desc_a, n, FLAG, desc_b, Y):
+        pass
+    params = [types.SimpleNamespace(name=p, has_default=False) for p in ("X", "desc_a", "n", "FLAG", "desc_b", "Y")]
+    fn = object.__new__(JITFunction)
+    fn.params = params
+    signature = {"X": "*fp32", "desc_a": "tensordesc<bf16[1, 1, 16, 32]>", "n": "i32", "FLAG": "constexpr",
+                 "desc_b": "tensordesc<bf16[1, 1, 16, 32]>", "Y": "*fp32"}
+    launcher = object.__new__(driver.CudaLauncher)
+    launcher.num_ctas = 1
+    launcher.global_scratch_size = launcher.profile_scratch_size = 0
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+    launcher.launch_cooperative_grid, launcher.launch_pdl = False, True
+
+    def entry(*args):
+        calls.append(args)
+    launcher.launch = driver.wrap_handle_tensordesc(entry, signature, meta_for_descs)
+    compiled = types.SimpleNamespace(run=launcher, function=1234, packed_metadata=(4, 1, 0))
+    return fn, compiled
+
+
+def _desc(t, rows):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
+
+
+@pytest.mark.parametrize("metas", [None, [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 16, 32],
+                                           "fp4_padded": False}] * 2])
+def test_raw_entry_gets_tritons_argument_list(monkeypatch, metas):
+    import triton
+    monkeypatch.setattr(triton.runtime.driver, "_active", _FakeDriver())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+    calls = []
+    fn, compiled = _kernel_and_launcher(metas, calls)
+    monkeypatch.setattr(F, "_jit_fn", lambda kernel: (None, fn))
+    F.clear()
+    x, y = torch.zeros(4), torch.zeros(4)
+    a1, b1 = torch.randn(1, 2, 64, 32, dtype=torch.bfloat16), torch.randn(1, 2, 64, 32, dtype=torch.bfloat16)
+    a2, b2 = torch.randn(1, 2, 64, 32, dtype=torch.bfloat16), torch.randn(1, 2, 64, 32, dtype=torch.bfloat16)
+    static = F.Static(X=x, n=5, FLAG=True, desc_b=_desc(b1, 16))
+    kernel = object()
+    F.launch(kernel, (3, 2), static, dict(desc_a=_desc(a1, 16), Y=y), lambda: compiled)  # binds
+    bound = next(iter(F._CACHE.values()))
+    assert bound.raw is not None
+    calls.clear()
+    F.launch(kernel, (3, 2), static, dict(desc_a=_desc(a2, 16), Y=x), lambda: pytest.fail("must hit"))
+    ours = calls.pop()
+    # what Triton's own launcher hands the entry point for the same arguments
+    compiled.run(3, 2, 1, 77, 1234, (4, 1, 0), None, None, None, x, _desc(a2, 16), 5, True, _desc(b1, 16), x)
+    theirs = calls.pop()
+    assert len(ours) == len(theirs)
+    for got, want in zip(ours, theirs):
+        assert got is want or got == want if not isinstance(want, torch.Tensor) else got is want
+    F.clear()
