@@ -140,7 +140,8 @@ class RouteKernels(NamedTuple):
     # pool: a persistent grid of this many programs per SM, each walking tasks of pool_blocks blocks in a
     # loop; 0: one program per pool_blocks blocks and head (the grid of the first versions)
     pool_persistent: int = 0
-    # pool, persistent: software-pipelining depth of the task loop (tl.range num_stages; 1: none)
+    # pool, persistent: software-pipelining depth of the task loop (tl.range num_stages; 1: none); Triton 3.6
+    # pipelines the descriptor loads of pool_tma, not pointer loads that feed no dot (compiled for sm90)
     pool_stages: int = 1
     # pool: rows through tensor descriptors (TMA) where the GPU has them (sm90+; the interpreter) and the
     # tensors allow (16-byte aligned, unit last stride), else plain loads; not with pool_joint

@@ -266,6 +266,50 @@ INDEX_KERNELS = (r"transpose_kernel",)
 POOL_CHOICES = [(32, 1, False, 4), (None, 2, False, 8), (None, 1, False, 8), (None, 4, False, 8), (64, 2, True, 8),
                 (None, 2, False, 4)]
 
+def _pool_variants() -> dict:
+    """The pool kernel variants ``--pool-sweep`` times (name -> ``routing.RouteKernels``; only the pool fields
+    differ from CURRENT). Aimed at the read ceiling of Q + K: more bytes requested before the first reduction
+    (``joint``: all of a program's blocks as one load), an even persistent grid over every SM for Q and K
+    blocks alike (``pers<programs per SM>``) with its task loop software-pipelined ``s`` stages deep, and
+    rows through TMA (``tma``). Names: ``b`` blocks a program/task, ``sub`` rows a load (the block if
+    absent), ``acc`` element-wise accumulation, ``w`` warps."""
+    from ..routing import CURRENT as CUR, FIRST as FST
+    v = {"current": CUR, "first": FST}
+    for name, kw in (
+            ("joint_b2_w4", dict(pool_joint=True)),
+            ("joint_b2_w8", dict(pool_joint=True, pool_warps=8)),
+            ("joint_b4_sub64_w8", dict(pool_joint=True, pool_blocks=4, pool_sub=64, pool_warps=8)),
+            ("joint_b4_sub32_acc_w8", dict(pool_joint=True, pool_blocks=4, pool_sub=32, pool_row_acc=True,
+                                           pool_warps=8)),
+            ("joint_b2_sub64_acc_w4", dict(pool_joint=True, pool_sub=64, pool_row_acc=True)),
+            ("tma_b2_w4", dict(pool_tma=True)),
+            ("tma_b4_sub64_w4", dict(pool_tma=True, pool_blocks=4, pool_sub=64)),
+            # pointer loads, persistent: Triton 3.6 does not software-pipeline loads that feed no dot (compiled
+            # for sm90: no cp.async, no shared memory at any num_stages), so these keep pool_stages = 1 and put
+            # bytes in flight by programs per SM and blocks a task instead
+            ("pers2_b1_w4", dict(pool_persistent=2, pool_blocks=1)),
+            ("pers4_b2_w4", dict(pool_persistent=4, pool_blocks=2)),
+            ("pers4_b1_sub64_w4", dict(pool_persistent=4, pool_blocks=1, pool_sub=64)),
+            ("pers8_b1_sub64_w4", dict(pool_persistent=8, pool_blocks=1, pool_sub=64)),
+            ("pers4_b1_sub32_acc_w4", dict(pool_persistent=4, pool_blocks=1, pool_sub=32, pool_row_acc=True)),
+            ("pers2_joint_b2_w8", dict(pool_persistent=2, pool_joint=True, pool_warps=8)),
+            # TMA, persistent: descriptor loads are pipelined (s - 1 boxes in flight per program, in shared memory)
+            ("pers1_s4_tma_b1_w4", dict(pool_persistent=1, pool_blocks=1, pool_tma=True, pool_stages=4)),
+            ("pers2_s3_tma_b1_w4", dict(pool_persistent=2, pool_blocks=1, pool_tma=True, pool_stages=3)),
+            ("pers2_s2_tma_b1_w8", dict(pool_persistent=2, pool_blocks=1, pool_tma=True, pool_stages=2,
+                                        pool_warps=8)),
+            ("pers2_s4_tma_b1_sub64_w4", dict(pool_persistent=2, pool_blocks=1, pool_tma=True, pool_sub=64,
+                                              pool_stages=4)),
+            ("pers4_s4_tma_b1_sub64_w4", dict(pool_persistent=4, pool_blocks=1, pool_tma=True, pool_sub=64,
+                                              pool_stages=4)),
+    ):
+        v[name] = CUR._replace(**kw)
+    return v
+
+
+#: what ``python -m sparseattn.bench routing --pool-sweep`` times (and the CPU tests check against the reference)
+POOL_VARIANTS = _pool_variants()
+
 
 def _route_profile(fn, errors: dict, what: str) -> Optional[dict]:
     """``roofline.profile_step`` of ``fn`` (a route, then its index) as JSON: device ms per kernel name, the

@@ -45,13 +45,46 @@ from ._common import LOG2E
 
 
 @triton.jit
+def _pool_add(b_sum, b_min, b_max, b_x, ok, AXIS: tl.constexpr, BOUND: tl.constexpr, ROW_ACC: tl.constexpr):
+    """One loaded chunk ``b_x`` (fp32; ``ok``: its real rows, broadcastable to it) into the accumulators:
+    element-wise (``ROW_ACC``) or reduced over the chunk's rows (axis ``AXIS``) first."""
+    if ROW_ACC:
+        b_sum += b_x
+        if BOUND:
+            b_min = tl.minimum(b_min, tl.where(ok, b_x, float("inf")))
+            b_max = tl.maximum(b_max, tl.where(ok, b_x, float("-inf")))
+    else:
+        b_sum += tl.sum(b_x, AXIS)
+        if BOUND:
+            b_min = tl.minimum(b_min, tl.min(tl.where(ok, b_x, float("inf")), AXIS))
+            b_max = tl.maximum(b_max, tl.max(tl.where(ok, b_x, float("-inf")), AXIS))
+    return b_sum, b_min, b_max
+
+
+@triton.jit
+def _pool_load(X_HEAD, desc, b, h, row0, L, stride_l, SUB: tl.constexpr, HEAD_DIM: tl.constexpr,
+               USE_TMA: tl.constexpr):
+    """Rows ``row0 .. row0 + SUB - 1`` of one head as fp32 ``[SUB, D]`` (rows past ``L`` read as 0) and the
+    ``[SUB, 1]`` mask of the real ones."""
+    offs = row0 + tl.arange(0, SUB)  # [SUB]
+    ok = (offs < L)[:, None]
+    if USE_TMA:  # the copy engine addresses the [SUB, D] box and zero-fills rows past L
+        b_x = desc.load([b, h, row0, 0]).reshape(SUB, HEAD_DIM)
+    else:
+        b_x = tl.load(X_HEAD + offs[:, None].to(tl.int64) * stride_l + tl.arange(0, HEAD_DIM)[None, :], mask=ok,
+                      other=0.0)
+    return b_x.to(tl.float32), ok
+
+
+@triton.jit
 def _pool_rows(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
                BLOCK: tl.constexpr, SUB: tl.constexpr, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr,
-               ROW_ACC: tl.constexpr, USE_TMA: tl.constexpr, CLIP: tl.constexpr):
+               ROW_ACC: tl.constexpr, USE_TMA: tl.constexpr, TASK: tl.constexpr):
     """Pool block ``blk`` of (batch, head) ``bh``: ``SUB`` rows a load, its mean (and min/max) stored at row
-    ``bh * n_blocks + blk`` of the outputs; with ``CLIP`` nothing is stored for ``blk >= n_blocks`` (a
-    persistent task past the last block; without it the caller has branched around such blocks). With ``USE_TMA`` the rows come through the tensor descriptor ``desc`` (rows past
-    ``L`` arrive as 0, as the masked load gives them)."""
+    ``bh * n_blocks + blk`` of the outputs. ``TASK`` (the body of a persistent loop): nothing is stored for
+    ``blk >= n_blocks`` (masked stores, no branch), and the chunk loop is unrolled, so that the task loop
+    around it is the innermost loop, the one Triton's pipeliner deepens; otherwise the caller has branched
+    around such blocks. With ``USE_TMA`` the rows come through the tensor descriptor ``desc``."""
     b = bh // H
     h = bh % H
     offs_d = tl.arange(0, HEAD_DIM)
@@ -66,24 +99,14 @@ def _pool_rows(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride
         b_sum = tl.zeros([HEAD_DIM], tl.float32)
         b_min = tl.full([HEAD_DIM], float("inf"), tl.float32)
         b_max = tl.full([HEAD_DIM], float("-inf"), tl.float32)
-    for r0 in range(0, BLOCK, SUB):
-        offs = blk * BLOCK + r0 + tl.arange(0, SUB)  # [SUB]
-        ok = offs < L
-        if USE_TMA:  # the copy engine addresses the [SUB, D] box and zero-fills rows past L
-            b_x = desc.load([b, h, blk * BLOCK + r0, 0]).reshape(SUB, HEAD_DIM).to(tl.float32)  # [SUB, D]
-        else:
-            b_x = tl.load(base + offs[:, None].to(tl.int64) * stride_l + offs_d[None, :], mask=ok[:, None],
-                          other=0.0).to(tl.float32)  # [SUB, D]
-        if ROW_ACC:
-            b_sum += b_x
-            if BOUND:
-                b_min = tl.minimum(b_min, tl.where(ok[:, None], b_x, float("inf")))
-                b_max = tl.maximum(b_max, tl.where(ok[:, None], b_x, float("-inf")))
-        else:
-            b_sum += tl.sum(b_x, 0)
-            if BOUND:
-                b_min = tl.minimum(b_min, tl.min(tl.where(ok[:, None], b_x, float("inf")), 0))
-                b_max = tl.maximum(b_max, tl.max(tl.where(ok[:, None], b_x, float("-inf")), 0))
+    if TASK:
+        for r0 in tl.static_range(0, BLOCK, SUB):
+            b_x, ok = _pool_load(base, desc, b, h, blk * BLOCK + r0, L, stride_l, SUB, HEAD_DIM, USE_TMA)
+            b_sum, b_min, b_max = _pool_add(b_sum, b_min, b_max, b_x, ok, 0, BOUND, ROW_ACC)
+    else:
+        for r0 in range(0, BLOCK, SUB):
+            b_x, ok = _pool_load(base, desc, b, h, blk * BLOCK + r0, L, stride_l, SUB, HEAD_DIM, USE_TMA)
+            b_sum, b_min, b_max = _pool_add(b_sum, b_min, b_max, b_x, ok, 0, BOUND, ROW_ACC)
     if ROW_ACC:
         b_sum = tl.sum(b_sum, 0)  # [D]
         if BOUND:
@@ -91,7 +114,7 @@ def _pool_rows(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride
             b_max = tl.max(b_max, 0)
     n = tl.minimum(L - blk * BLOCK, BLOCK)  # rows of the block inside the sequence (the last one is clipped)
     out = (bh.to(tl.int64) * n_blocks + blk) * HEAD_DIM + offs_d
-    if CLIP:
+    if TASK:
         n = tl.maximum(n, 1)  # a block past the end stores nothing: no division by a non-positive count
         real = offs_d < tl.where(blk < n_blocks, HEAD_DIM, 0)  # [D]: all true, or all false past the last block
         tl.store(OUT_MEAN + out, b_sum / n.to(tl.float32), mask=real)
@@ -108,11 +131,11 @@ def _pool_rows(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride
 @triton.jit
 def _pool_joint(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
                 BLOCK: tl.constexpr, SUB: tl.constexpr, BLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BOUND: tl.constexpr, ROW_ACC: tl.constexpr):
+                BOUND: tl.constexpr, ROW_ACC: tl.constexpr, TASK: tl.constexpr):
     """Pool blocks ``blk0 .. blk0 + BLOCKS - 1`` of (batch, head) ``bh`` together: each load is one
     ``[BLOCKS, SUB, D]`` tensor (chunk ``r0`` of every block at once), so all of a program's bytes are
     requested before any reduction, and each reduction covers all its blocks (axis 1). Blocks past
-    ``n_blocks`` are masked off."""
+    ``n_blocks`` are masked off (loads and stores); ``TASK`` unrolls the chunk loop (see ``_pool_rows``)."""
     b = bh // H
     h = bh % H
     offs_d = tl.arange(0, HEAD_DIM)
@@ -126,21 +149,14 @@ def _pool_joint(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, stride_b, 
         b_sum = tl.zeros([BLOCKS, HEAD_DIM], tl.float32)
         b_min = tl.full([BLOCKS, HEAD_DIM], float("inf"), tl.float32)
         b_max = tl.full([BLOCKS, HEAD_DIM], float("-inf"), tl.float32)
-    for r0 in range(0, BLOCK, SUB):
-        offs = offs_b[:, None] * BLOCK + r0 + tl.arange(0, SUB)[None, :]  # [NB, SUB] rows
-        ok = (offs < L) & (offs_b < n_blocks)[:, None]  # [NB, SUB]
-        ptrs = base + offs[:, :, None].to(tl.int64) * stride_l + offs_d[None, None, :]  # [NB, SUB, D]
-        b_x = tl.load(ptrs, mask=ok[:, :, None], other=0.0).to(tl.float32)  # [NB, SUB, D]
-        if ROW_ACC:
-            b_sum += b_x
-            if BOUND:
-                b_min = tl.minimum(b_min, tl.where(ok[:, :, None], b_x, float("inf")))
-                b_max = tl.maximum(b_max, tl.where(ok[:, :, None], b_x, float("-inf")))
-        else:
-            b_sum += tl.sum(b_x, 1)
-            if BOUND:
-                b_min = tl.minimum(b_min, tl.min(tl.where(ok[:, :, None], b_x, float("inf")), 1))
-                b_max = tl.maximum(b_max, tl.max(tl.where(ok[:, :, None], b_x, float("-inf")), 1))
+    if TASK:
+        for r0 in tl.static_range(0, BLOCK, SUB):
+            b_x, ok = _joint_load(base, offs_b, r0, L, n_blocks, stride_l, BLOCK, SUB, HEAD_DIM)
+            b_sum, b_min, b_max = _pool_add(b_sum, b_min, b_max, b_x, ok, 1, BOUND, ROW_ACC)
+    else:
+        for r0 in range(0, BLOCK, SUB):
+            b_x, ok = _joint_load(base, offs_b, r0, L, n_blocks, stride_l, BLOCK, SUB, HEAD_DIM)
+            b_sum, b_min, b_max = _pool_add(b_sum, b_min, b_max, b_x, ok, 1, BOUND, ROW_ACC)
     if ROW_ACC:
         b_sum = tl.sum(b_sum, 1)  # [NB, D]
         if BOUND:
@@ -157,6 +173,17 @@ def _pool_joint(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, stride_b, 
 
 
 @triton.jit
+def _joint_load(X_HEAD, offs_b, r0, L, n_blocks, stride_l, BLOCK: tl.constexpr, SUB: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
+    """Chunk ``r0`` (``SUB`` rows) of each block ``offs_b [NB]`` of one head: fp32 ``[NB, SUB, D]`` (rows past
+    ``L`` and blocks past ``n_blocks`` read as 0) and the ``[NB, SUB, 1]`` mask of the real rows."""
+    offs = offs_b[:, None] * BLOCK + r0 + tl.arange(0, SUB)[None, :]  # [NB, SUB] rows
+    ok = ((offs < L) & (offs_b < n_blocks)[:, None])[:, :, None]  # [NB, SUB, 1]
+    ptrs = X_HEAD + offs[:, :, None].to(tl.int64) * stride_l + tl.arange(0, HEAD_DIM)[None, None, :]
+    return tl.load(ptrs, mask=ok, other=0.0).to(tl.float32), ok
+
+
+@triton.jit
 def _pool_task(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
                BLOCK: tl.constexpr, SUB: tl.constexpr, BLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr,
                BOUND: tl.constexpr, ROW_ACC: tl.constexpr, JOINT: tl.constexpr, USE_TMA: tl.constexpr,
@@ -166,7 +193,7 @@ def _pool_task(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, strid
     stores are masked, so that a persistent loop's body has no branch)."""
     if JOINT:
         _pool_joint(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
-                    BLOCK, SUB, BLOCKS, HEAD_DIM, BOUND, ROW_ACC)
+                    BLOCK, SUB, BLOCKS, HEAD_DIM, BOUND, ROW_ACC, not GUARD)
     else:
         for t in tl.static_range(BLOCKS):  # independent loads in flight
             if GUARD:
