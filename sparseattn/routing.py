@@ -146,6 +146,9 @@ class RouteKernels(NamedTuple):
     # pool: rows through tensor descriptors (TMA) where the GPU has them (sm90+; the interpreter) and the
     # tensors allow (16-byte aligned, unit last stride), else plain loads; not with pool_joint
     pool_tma: bool = False
+    # pool, persistent, one whole block a task, plain loads: the next task's rows requested before this
+    # task's reduction (a register double buffer: two blocks in flight per program)
+    pool_prefetch: bool = False
 
 
 #: the first version: one 128-row block a program in four dependent [32, D] loads (4 warps), a scores program
@@ -206,6 +209,10 @@ def check_pool_kernels(kn: RouteKernels) -> None:
         raise ValueError(f"RouteKernels.pool_stages must be >= 1, got {kn.pool_stages}")
     if kn.pool_tma and kn.pool_joint:
         raise ValueError("RouteKernels.pool_tma applies to one block a load: it cannot be combined with pool_joint")
+    if kn.pool_prefetch and (not kn.pool_persistent or kn.pool_blocks != 1 or kn.pool_sub is not None
+                             or kn.pool_joint or kn.pool_tma or kn.pool_row_acc):
+        raise ValueError("RouteKernels.pool_prefetch needs pool_persistent > 0 and one whole block a task with plain "
+                         "loads (pool_blocks=1, pool_sub=None, no pool_joint, pool_tma or pool_row_acc)")
 
 
 def _pool_descriptors(q: torch.Tensor, k: torch.Tensor, sub: int, D: int, kn: RouteKernels):
@@ -257,7 +264,7 @@ def _pool(q: torch.Tensor, k: torch.Tensor, spec: RouteSpec, kernels: Optional[R
         Hq=spec.Hq, Hkv=spec.Hkv, Lq=spec.Lq, Lk=spec.Lk, nq=spec.nq, nk=spec.nk, BQ_PROGRAMS=B * spec.Hq,
         BK_PROGRAMS=B * spec.Hkv, HEAD_DIM=D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, SUB=sub,
         BLOCKS=kn.pool_blocks, ROW_ACC=kn.pool_row_acc, JOINT=kn.pool_joint, PERSISTENT=kn.pool_persistent > 0,
-        STAGES=kn.pool_stages, num_warps=kn.pool_warps, **extra), kn.fast_launch)
+        STAGES=kn.pool_stages, PREFETCH=kn.pool_prefetch, num_warps=kn.pool_warps, **extra), kn.fast_launch)
     return q_mean, k_mean, k_min, k_max
 
 

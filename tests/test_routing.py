@@ -218,6 +218,7 @@ def test_pool_variants_cover_the_new_paths():
     assert any(kn.pool_joint for kn in v) and any(kn.pool_tma and not kn.pool_persistent for kn in v)
     assert any(kn.pool_persistent and not kn.pool_tma for kn in v)
     assert any(kn.pool_persistent and kn.pool_tma and kn.pool_stages > 1 for kn in v)
+    assert any(kn.pool_prefetch for kn in v)
     assert _pool_variants()["current"] is routing.CURRENT and _pool_variants()["first"] is routing.FIRST
     q, k = qk(D=32)
     tma = routing.CURRENT._replace(pool_tma=True)
@@ -237,6 +238,8 @@ def test_pool_fields_are_checked(field, value, rule):
         routing.check_pool_kernels(routing.CURRENT._replace(pool_joint=True, pool_blocks=3))
     with pytest.raises(ValueError, match="pool_tma .* pool_joint"):
         routing.check_pool_kernels(routing.CURRENT._replace(pool_joint=True, pool_tma=True))
+    with pytest.raises(ValueError, match="pool_prefetch needs pool_persistent"):
+        routing.check_pool_kernels(routing.CURRENT._replace(pool_prefetch=True))  # not persistent, two blocks
 
 
 def test_scores_grid_at_the_issue_shape():

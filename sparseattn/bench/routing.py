@@ -293,6 +293,10 @@ def _pool_variants() -> dict:
             ("pers8_b1_sub64_w4", dict(pool_persistent=8, pool_blocks=1, pool_sub=64)),
             ("pers4_b1_sub32_acc_w4", dict(pool_persistent=4, pool_blocks=1, pool_sub=32, pool_row_acc=True)),
             ("pers2_joint_b2_w8", dict(pool_persistent=2, pool_joint=True, pool_warps=8)),
+            # by hand: the next block loaded before this one is reduced (two blocks in flight per program)
+            ("pers2_prefetch_w4", dict(pool_persistent=2, pool_blocks=1, pool_prefetch=True)),
+            ("pers2_prefetch_w8", dict(pool_persistent=2, pool_blocks=1, pool_prefetch=True, pool_warps=8)),
+            ("pers4_prefetch_w8", dict(pool_persistent=4, pool_blocks=1, pool_prefetch=True, pool_warps=8)),
             # TMA, persistent: descriptor loads are pipelined (s - 1 boxes in flight per program, in shared memory)
             ("pers1_s4_tma_b1_w4", dict(pool_persistent=1, pool_blocks=1, pool_tma=True, pool_stages=4)),
             ("pers2_s3_tma_b1_w4", dict(pool_persistent=2, pool_blocks=1, pool_tma=True, pool_stages=3)),
@@ -366,8 +370,8 @@ def _route_ab(q, k, kw: dict, sel, route_extra: dict, index_extra: dict, errors:
     route_extra["pool_choices"] = pool_rows
 
 
-POOL_COLUMNS = ["variant", "persistent", "blocks", "sub", "joint", "row_acc", "warps", "stages", "tma", "ms", "tbps",
-                "of_read", "same_selection", "max_diff_vs_ref"]
+POOL_COLUMNS = ["variant", "persistent", "blocks", "sub", "joint", "row_acc", "warps", "stages", "tma", "prefetch",
+                "ms", "tbps", "of_read", "same_selection", "max_diff_vs_ref"]
 
 
 def pool_sweep(args) -> tuple:
@@ -420,6 +424,7 @@ def pool_sweep(args) -> tuple:
             table.append({"variant": name, "persistent": kn.pool_persistent, "blocks": kn.pool_blocks,
                           "sub": kn.pool_sub or BLOCK, "joint": int(kn.pool_joint), "row_acc": int(kn.pool_row_acc),
                           "warps": kn.pool_warps, "stages": kn.pool_stages, "tma": int(kn.pool_tma),
+                          "prefetch": int(kn.pool_prefetch),
                           "ms": _fmt(ms, 4), "tbps": _fmt(extra["tbps"], 2), "of_read": _fmt(extra["of_read"], 2),
                           "same_selection": extra.get("same_selection"),
                           "max_diff_vs_ref": None if "max_diff_vs_ref" not in extra

@@ -205,6 +205,42 @@ def _pool_task(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, strid
                            stride_l, H, BLOCK, SUB, HEAD_DIM, BOUND, ROW_ACC, USE_TMA, True)
 
 
+@triton.jit
+def _prefetch_load(X, t, t_end, L, n_blocks, stride_b, stride_h, stride_l, H, BLOCK: tl.constexpr,
+                   HEAD_DIM: tl.constexpr):
+    """The rows of task ``t`` (one whole block: ``t = bh * n_blocks + blk``) as ``[BLOCK, D]`` in the tensor's
+    dtype (nothing read for ``t >= t_end``: the prefetch past a program's last task) and its row mask."""
+    bh = t // n_blocks
+    offs = (t % n_blocks) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    ok = (offs < L) & (t < t_end)
+    base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
+    ptrs = base + offs[:, None].to(tl.int64) * stride_l + tl.arange(0, HEAD_DIM)[None, :]
+    return tl.load(ptrs, mask=ok[:, None], other=0.0), ok
+
+
+@triton.jit
+def _pool_prefetched(X, OUT_MEAN, OUT_MIN, OUT_MAX, t_first, t_end, P, L, n_blocks, stride_b, stride_h, stride_l,
+                     H, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr):
+    """Tasks ``t_first, t_first + P, ... < t_end`` (one whole block each) with a register double buffer:
+    the next task's rows are requested before this task's reduction, so two blocks' bytes are in flight per
+    program (by hand what a software pipeliner would do; Triton 3.6 does not pipeline loads that feed no dot)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    b_next, ok_next = _prefetch_load(X, t_first, t_end, L, n_blocks, stride_b, stride_h, stride_l, H, BLOCK,
+                                     HEAD_DIM)  # [BLOCK, D]
+    for t in range(t_first, t_end, P):
+        b_x = b_next.to(tl.float32)  # [BLOCK, D]
+        ok = ok_next
+        b_next, ok_next = _prefetch_load(X, t + P, t_end, L, n_blocks, stride_b, stride_h, stride_l, H, BLOCK,
+                                         HEAD_DIM)
+        blk = t % n_blocks
+        n = tl.minimum(L - blk * BLOCK, BLOCK)  # rows of the block inside the sequence (the last one is clipped)
+        out = tl.cast(t, tl.int64) * HEAD_DIM + offs_d  # row t = bh * n_blocks + blk of the outputs
+        tl.store(OUT_MEAN + out, tl.sum(b_x, 0) / n.to(tl.float32))
+        if BOUND:
+            tl.store(OUT_MIN + out, tl.min(tl.where(ok[:, None], b_x, float("inf")), 0))
+            tl.store(OUT_MAX + out, tl.max(tl.where(ok[:, None], b_x, float("-inf")), 0))
+
+
 @triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None, "USE_TMA": lambda a: a["desc_q"] is not None})
 @triton.jit
 def pool_kernel(
@@ -213,9 +249,19 @@ def pool_kernel(
     Hq, Hkv, Lq, Lk, nq, nk, BQ_PROGRAMS, BK_PROGRAMS,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
     BLOCKS: tl.constexpr, ROW_ACC: tl.constexpr, JOINT: tl.constexpr, PERSISTENT: tl.constexpr,
-    STAGES: tl.constexpr, BOUND: tl.constexpr, USE_TMA: tl.constexpr,
+    STAGES: tl.constexpr, PREFETCH: tl.constexpr, BOUND: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    if PERSISTENT:
+    if PERSISTENT and PREFETCH:  # one whole block a task, the next one loaded before this one is reduced
+        P = tl.num_programs(0)
+        pid = tl.program_id(0)
+        n_q = BQ_PROGRAMS * nq
+        n_k = BK_PROGRAMS * nk
+        _pool_prefetched(Q, Q_MEAN, Q_MEAN, Q_MEAN, pid, n_q, P, Lq, nq, stride_qb, stride_qh, stride_qm, Hq,
+                         BLOCK_Q, HEAD_DIM, False)
+        # K's tasks continue the same striding: task n_q + u is program (n_q + u) mod P's
+        _pool_prefetched(K, K_MEAN, K_MIN, K_MAX, (pid + P - n_q % P) % P, n_k, P, Lk, nk, stride_kb, stride_kh,
+                         stride_kn, Hkv, BLOCK_K, HEAD_DIM, BOUND)
+    elif PERSISTENT:
         # a task is BLOCKS consecutive blocks of one (batch, head): Q's tasks first, then K's; program p of P
         # takes tasks p, p + P, ... in two loops (one per tensor: no branch in a loop body, so the software
         # pipeliner can keep STAGES tasks' loads in flight)

@@ -205,6 +205,7 @@ def routing_variants():
                 yield route.pool_kernel, ptrs, (), dict(
                     HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, SUB=sub, BLOCKS=kn.pool_blocks, ROW_ACC=kn.pool_row_acc,
                     JOINT=kn.pool_joint, PERSISTENT=kn.pool_persistent > 0, STAGES=kn.pool_stages,
+                    PREFETCH=kn.pool_prefetch,
                     **({} if bound else {"K_MIN": None, "K_MAX": None}),
                     **({} if kn.pool_tma else {"desc_q": None, "desc_k": None})), dict(
                     num_warps=kn.pool_warps, **({"num_stages": kn.pool_stages} if kn.pool_persistent else {}))
