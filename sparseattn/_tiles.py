@@ -156,6 +156,16 @@ def launch_kernel(kernel, grid: tuple, kwargs: dict, fast_launch: bool = True):
     return _fast_launch.launch(kernel, grid, None, kwargs, lambda: kernel[grid](**kwargs))
 
 
+def tma_ok(*tensors) -> bool:
+    """Tensor descriptors need 16-byte aligned bases and strides (and a unit last stride)."""
+    for t in tensors:
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
 def pack_bits(cells: torch.Tensor) -> torch.Tensor:
     """bool ``[..., bk]`` -> uint8 ``[..., bk // 8]``, bit j of byte i is cell ``8 i + j``."""
     weights = (1 << torch.arange(8, device=cells.device, dtype=torch.int32)).to(torch.uint8)

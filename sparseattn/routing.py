@@ -134,6 +134,21 @@ class RouteKernels(NamedTuple):
     # scores and select in one launch (kernels.route.fused_select_kernel: no score matrix in memory) where the
     # key blocks fit one program's registers (nk <= FUSED_MAX_NK); else the two launches
     fused_select: bool = False
+    # pool: the pool_blocks blocks of a program (or task) as one [blocks, SUB, D] load and one reduction
+    # (pool_blocks a power of two); else one block after the other
+    pool_joint: bool = False
+    # pool: a persistent grid of this many programs per SM, each walking tasks of pool_blocks blocks in a
+    # loop; 0: one program per pool_blocks blocks and head (the grid of the first versions)
+    pool_persistent: int = 0
+    # pool, persistent: software-pipelining depth of the task loop (tl.range num_stages; 1: none); Triton 3.6
+    # pipelines the descriptor loads of pool_tma, not pointer loads that feed no dot (compiled for sm90)
+    pool_stages: int = 1
+    # pool: rows through tensor descriptors (TMA) where the GPU has them (sm90+; the interpreter) and the
+    # tensors allow (16-byte aligned, unit last stride), else plain loads; not with pool_joint
+    pool_tma: bool = False
+    # pool, persistent, one whole block a task, plain loads: the next task's rows requested before this
+    # task's reduction (a register double buffer: two blocks in flight per program)
+    pool_prefetch: bool = False
 
 
 #: the first version: one 128-row block a program in four dependent [32, D] loads (4 warps), a scores program
@@ -168,12 +183,64 @@ def route_kernels(kernels: RouteKernels):
         _KERNELS[0] = before
 
 
+#: SMs the persistent pool grid assumes off the GPU (the interpreter has none): a few programs, so that each
+#: walks several tasks and the task striding is exercised
+POOL_CPU_SMS = 2
+
+
+def _pool_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return POOL_CPU_SMS
+
+
+def check_pool_kernels(kn: RouteKernels) -> None:
+    """The pool fields of ``kn`` that only some values make sense for: ValueError naming the field."""
+    if kn.pool_blocks < 1:
+        raise ValueError(f"RouteKernels.pool_blocks must be >= 1, got {kn.pool_blocks}")
+    if kn.pool_joint and kn.pool_blocks & (kn.pool_blocks - 1):
+        raise ValueError(f"RouteKernels.pool_blocks must be a power of two with pool_joint (one [blocks, SUB, D] "
+                         f"load), got {kn.pool_blocks}")
+    if kn.pool_sub is not None and (kn.pool_sub < 1 or kn.pool_sub & (kn.pool_sub - 1)):
+        raise ValueError(f"RouteKernels.pool_sub must be None or a power of two, got {kn.pool_sub}")
+    if kn.pool_persistent < 0:
+        raise ValueError(f"RouteKernels.pool_persistent must be >= 0 (0: no persistent grid), got {kn.pool_persistent}")
+    if kn.pool_stages < 1:
+        raise ValueError(f"RouteKernels.pool_stages must be >= 1, got {kn.pool_stages}")
+    if kn.pool_tma and kn.pool_joint:
+        raise ValueError("RouteKernels.pool_tma applies to one block a load: it cannot be combined with pool_joint")
+    if kn.pool_prefetch and (not kn.pool_persistent or kn.pool_blocks != 1 or kn.pool_sub is not None
+                             or kn.pool_joint or kn.pool_tma or kn.pool_row_acc):
+        raise ValueError("RouteKernels.pool_prefetch needs pool_persistent > 0 and one whole block a task with plain "
+                         "loads (pool_blocks=1, pool_sub=None, no pool_joint, pool_tma or pool_row_acc)")
+
+
+def _pool_descriptors(q: torch.Tensor, k: torch.Tensor, sub: int, D: int, kn: RouteKernels):
+    """``(desc_q, desc_k)``: tensor descriptors loading ``[sub, D]`` rows of one head, or ``(None, None)``
+    (plain loads) unless ``kn.pool_tma`` and the GPU (sm90+; the interpreter) and the tensors allow them."""
+    from . import _runtime
+    from ._tiles import tma_ok
+    if not kn.pool_tma or D & (D - 1) or D > 256 or sub > 256 or D * q.element_size() < 16:
+        return None, None
+    if not _runtime.is_interpreter() and (q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] < 9):
+        return None, None
+    if not tma_ok(q, k):
+        return None, None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    block = [1, 1, sub, D]
+    return (TensorDescriptor(q, list(q.shape), list(q.stride()), block),
+            TensorDescriptor(k, list(k.shape), list(k.stride()), block))
+
+
 def _pool(q: torch.Tensor, k: torch.Tensor, spec: RouteSpec, kernels: Optional[RouteKernels] = None):
     """Pooled blocks, float32: ``q_mean [B,Hq,nq,D]``, ``k_mean [B,Hkv,nk,D]`` and, for ``pool="bound"``,
     ``k_min``/``k_max`` (else None). One launch over Q and K together: programs ``0 .. B*Hq-1`` of grid
-    axis 1 pool query blocks, the rest key blocks; each reads ``pool_blocks`` whole blocks."""
+    axis 1 pool query blocks, the rest key blocks; each reads ``pool_blocks`` whole blocks. With
+    ``pool_persistent`` the grid is that many programs per SM (at most one per task), each walking the
+    tasks of Q and then of K."""
     from .kernels import route as K
     kn = _KERNELS[0] if kernels is None else kernels
+    check_pool_kernels(kn)
     B, D = spec.B, spec.D
     f32 = dict(device=q.device, dtype=torch.float32)
     q_mean = torch.empty(B, spec.Hq, spec.nq, D, **f32)
@@ -183,13 +250,21 @@ def _pool(q: torch.Tensor, k: torch.Tensor, spec: RouteSpec, kernels: Optional[R
         k_min, k_max = torch.empty_like(k_mean), torch.empty_like(k_mean)
     smallest = min(spec.block_q, spec.block_k)
     sub = smallest if kn.pool_sub is None else min(kn.pool_sub, smallest)
-    launch_kernel(K.pool_kernel, (-(-max(spec.nq, spec.nk) // kn.pool_blocks), B * (spec.Hq + spec.Hkv)), dict(
-        Q=q, K=k, Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max,
+    desc_q, desc_k = _pool_descriptors(q, k, sub, D, kn)
+    if kn.pool_persistent:
+        tasks = B * (spec.Hq * -(-spec.nq // kn.pool_blocks) + spec.Hkv * -(-spec.nk // kn.pool_blocks))
+        grid = (max(1, min(tasks, _pool_sms(q.device) * kn.pool_persistent)),)
+    else:
+        grid = (-(-max(spec.nq, spec.nk) // kn.pool_blocks), B * (spec.Hq + spec.Hkv))
+    extra = dict(num_stages=kn.pool_stages) if kn.pool_persistent else {}  # else Triton's default, as before
+    launch_kernel(K.pool_kernel, grid, dict(
+        Q=q, K=k, desc_q=desc_q, desc_k=desc_k, Q_MEAN=q_mean, K_MEAN=k_mean, K_MIN=k_min, K_MAX=k_max,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_qm=q.stride(2),
         stride_kb=k.stride(0), stride_kh=k.stride(1), stride_kn=k.stride(2),
         Hq=spec.Hq, Hkv=spec.Hkv, Lq=spec.Lq, Lk=spec.Lk, nq=spec.nq, nk=spec.nk, BQ_PROGRAMS=B * spec.Hq,
-        HEAD_DIM=D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, SUB=sub, BLOCKS=kn.pool_blocks,
-        ROW_ACC=kn.pool_row_acc, num_warps=kn.pool_warps), kn.fast_launch)
+        BK_PROGRAMS=B * spec.Hkv, HEAD_DIM=D, BLOCK_Q=spec.block_q, BLOCK_K=spec.block_k, SUB=sub,
+        BLOCKS=kn.pool_blocks, ROW_ACC=kn.pool_row_acc, JOINT=kn.pool_joint, PERSISTENT=kn.pool_persistent > 0,
+        STAGES=kn.pool_stages, PREFETCH=kn.pool_prefetch, num_warps=kn.pool_warps, **extra), kn.fast_launch)
     return q_mean, k_mean, k_min, k_max
 
 

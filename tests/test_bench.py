@@ -664,6 +664,38 @@ def test_routing_suite_on_cpu(cpu_stand_ins, tmp_path):
 
 @STAND_IN_WARNINGS[0]
 @STAND_IN_WARNINGS[1]
+def test_routing_pool_sweep_on_cpu(cpu_stand_ins, tmp_path):
+    """``routing --pool-sweep`` at a tiny shape through the interpreter: one row per pool variant (each pooling
+    equal to the eager reference, each selection equal to CURRENT's) beside the read ceiling, written to
+    ``routing-pool-<gpu>.json`` by the CLI's own writer, the table fastest first with the ceiling last."""
+    from sparseattn.bench import routing as R
+    from sparseattn.bench.__main__ import write_outputs
+    for name, value in (("HQ", 2), ("HKV", 2), ("D", 16), ("DTYPE", torch.float32), ("BLOCK", 16), ("TOPK", 1),
+                        ("MAIN_N", 72)):
+        cpu_stand_ins.setattr(R, name, value)
+    args = _args(n="72", pool_sweep=True, meta={})
+    records, table, cols = R.run(args)
+    assert cols == R.POOL_COLUMNS and args.variant == "pool"
+    bf = _check_run(R, records, table, cols, (Impl.OURS, Pass.POOL), (Impl.READ_CEILING, Pass.READ))
+    rows = bf.select(Impl.OURS, Pass.POOL)
+    assert [r.case["variant"] for r in rows] == list(R.POOL_VARIANTS)
+    for r in rows:
+        assert "error" not in r.extra, r.extra
+        assert r.ms > 0 and r.get("tbps") > 0 and 0 < r.get("of_read")
+        assert r.get("same_selection") is True and r.get("max_diff_vs_ref") < 1e-5, r.case["variant"]
+    assert any(r.get("kernels")["pool_tma"] for r in rows) and any(r.get("kernels")["pool_persistent"] for r in rows)
+    read = bf.one(Impl.READ_CEILING, Pass.READ)
+    assert read.ms > 0 and read.get("bytes") == 2 * 2 * 72 * 16 * 4 and read.get("method")
+    assert table[-1]["variant"] == "read ceiling" and len(table) == len(R.POOL_VARIANTS) + 1
+    ms = [row["ms"] for row in table[:-1]]
+    assert ms == sorted(ms)
+    paths = write_outputs(R, records, str(tmp_path), ENV, False, None, meta=args.meta, variant=args.variant)
+    assert [pathlib.Path(p).name for p in paths] == ["routing-pool-h200.json"]
+    assert load_path(paths[0]).meta.get("read_bytes") == read.get("bytes")
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
 def test_balance_suite_on_cpu(cpu_stand_ins):
     from sparseattn.bench import balance as BB
     cpu_stand_ins.setattr(BB, "CASES", {"documents lognormal": (2, 1), "routed skewed (synthetic)": (2, 1),

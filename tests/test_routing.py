@@ -179,6 +179,69 @@ def test_pool_choices_agree():
         assert torch.equal(k_min, k_ref[1]) and torch.equal(k_max, k_ref[2])
 
 
+def _pool_variants():
+    from sparseattn.bench.routing import POOL_VARIANTS
+    return POOL_VARIANTS
+
+
+@pytest.mark.parametrize("name", list(_pool_variants()))
+def test_pool_variant_equals_reference(name, monkeypatch):
+    """Every pool variant the routing suite's --pool-sweep times (joint loads, persistent grids, TMA rows):
+    the eager reference's mean (fp32, to rounding) and exactly its min and max, with clipped last blocks of
+    Q and K of different lengths, on poisoned buffers; and ``route`` under it selects the reference's blocks
+    (both semantics, both pools)."""
+    from sparseattn.reference import _pooled_blocks
+    kn = _pool_variants()[name]
+    q, k = qk(Hq=4, Hkv=2, Lq=150, Lk=200, D=32, seed=24)
+    spec = routing.check_route(q, k, 32, 16, 3, None, True, 1, 1, "kv_head", "bound", "block", None, None, None)
+    q_ref, _, _ = _pooled_blocks(q, 32)
+    k_ref = _pooled_blocks(k, 16)
+    want = [route_reference(q, k, 32, 16, topk=3, **kw) for kw in CASES_POOL]
+    _poisoned_empty(monkeypatch)
+    q_mean, k_mean, k_min, k_max = routing._pool(q, k, spec, kn)
+    torch.testing.assert_close(q_mean, q_ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(k_mean, k_ref[0], atol=1e-6, rtol=1e-6)
+    assert torch.equal(k_min, k_ref[1]) and torch.equal(k_max, k_ref[2])
+    with routing.route_kernels(kn):
+        for kw, w in zip(CASES_POOL, want):
+            assert_same_layout(route(q, k, 32, 16, topk=3, **kw), w)
+
+
+CASES_POOL = [dict(share="kv_head", pool="mean"), dict(share="all", pool="bound", semantics="member", member_topk=1)]
+
+
+def test_pool_variants_cover_the_new_paths():
+    """The sweep holds each new launch path at least once (else the test above checks nothing new): joint
+    loads, persistent grids with and without TMA, a pipelined TMA loop, and the interpreter really takes
+    the descriptor path (TMA rows)."""
+    v = list(_pool_variants().values())
+    assert any(kn.pool_joint for kn in v) and any(kn.pool_tma and not kn.pool_persistent for kn in v)
+    assert any(kn.pool_persistent and not kn.pool_tma for kn in v)
+    assert any(kn.pool_persistent and kn.pool_tma and kn.pool_stages > 1 for kn in v)
+    assert any(kn.pool_prefetch for kn in v)
+    assert _pool_variants()["current"] is routing.CURRENT and _pool_variants()["first"] is routing.FIRST
+    q, k = qk(D=32)
+    tma = routing.CURRENT._replace(pool_tma=True)
+    assert all(d is not None for d in routing._pool_descriptors(q, k, 16, 32, tma))
+    assert routing._pool_descriptors(q, k, 16, 32, routing.CURRENT) == (None, None)
+    assert routing._pool_descriptors(q[..., ::2], k[..., ::2], 16, 16, tma) == (None, None)  # strided: plain loads
+
+
+@pytest.mark.parametrize("field,value,rule", [("pool_blocks", 0, ">= 1"), ("pool_sub", 24, "power of two"),
+                                              ("pool_persistent", -1, ">= 0"), ("pool_stages", 0, ">= 1")])
+def test_pool_fields_are_checked(field, value, rule):
+    q, k = qk()
+    with pytest.raises(ValueError, match=f"{field}.*{rule}"):
+        with routing.route_kernels(routing.CURRENT._replace(**{field: value})):
+            route(q, k, 16, 16, topk=2)
+    with pytest.raises(ValueError, match="pool_blocks must be a power of two with pool_joint"):
+        routing.check_pool_kernels(routing.CURRENT._replace(pool_joint=True, pool_blocks=3))
+    with pytest.raises(ValueError, match="pool_tma .* pool_joint"):
+        routing.check_pool_kernels(routing.CURRENT._replace(pool_joint=True, pool_tma=True))
+    with pytest.raises(ValueError, match="pool_prefetch needs pool_persistent"):
+        routing.check_pool_kernels(routing.CURRENT._replace(pool_prefetch=True))  # not persistent, two blocks
+
+
 def test_scores_grid_at_the_issue_shape():
     """At the issue's shape (nq = nk = 256, 16 heads): one selection per KV head keeps whole column ranges on
     the grid (1,024 programs), one selection for all heads splits its 16 heads into 8 parts (512 programs

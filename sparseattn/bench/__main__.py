@@ -81,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--cases", default=None,
                    help="comma-separated case numbers (0-based, in the suite's order) or names: measure only these "
                         "(split a suite over two runs: the second with --merge the first's file)")
+    g = ap.add_argument_group("routing")
+    g.add_argument("--pool-sweep", action="store_true",
+                   help="routing only: time every pool kernel variant (bench.routing.POOL_VARIANTS) beside a streaming "
+                        "read of the same bytes, into routing-pool-<gpu>.json (a minute or two)")
     g = ap.add_argument_group("versus")
     g.add_argument("--rows", default=None,
                    help="comma-separated row keys of issue 13's table (default: all, in the issue's order; "
@@ -89,12 +93,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def write_outputs(module, records, out_dir: str, env: dict, sweep: bool, family: Optional[str],
-                  meta: Optional[dict] = None) -> List[str]:
+                  meta: Optional[dict] = None, variant: Optional[str] = None) -> List[str]:
     """Write the suite's files; return their paths. Without ``sweep``: ``<suite>-<gpu>.json`` (with the
     suite's extra ``meta`` keys). With it: ``<suite>-sweep-<gpu>.json`` and ``<suite>-defaults-<gpu>.json``
-    (defaults for GPU ``family``)."""
+    (defaults for GPU ``family``). ``variant``: ``<suite>-<variant>-<gpu>.json`` instead (a suite's side run,
+    e.g. routing's ``--pool-sweep``)."""
     if not sweep:
-        return [C.write_json(module.NAME, records, out_dir, env, meta=meta)]
+        return [C.write_json(module.NAME, records, out_dir, env, variant=variant, meta=meta)]
     from .defaults import defaults_doc
     from .record import bench_filename
     paths = [C.write_json(module.NAME, records, out_dir, env, variant="sweep")]
@@ -109,6 +114,8 @@ def main(argv=None) -> int:
     module = suite_module(args.suite)
     if args.sweep and module.CONFIG_KIND is None:
         ap.error(f"--sweep applies to the suites with configs to tune (prefill, backward, decode), not {args.suite}")
+    if args.pool_sweep and args.suite != "routing":
+        ap.error(f"--pool-sweep applies to the routing suite, not {args.suite}")
     if not torch.cuda.is_available():
         print("the benchmarks need a CUDA GPU", file=sys.stderr)
         return 2
@@ -116,10 +123,12 @@ def main(argv=None) -> int:
     if args.n is None:
         args.n = module.DEFAULT_N
     args.meta = {}  # a suite may add keys to its file's meta block
+    args.variant = None  # and name its file's variant (routing --pool-sweep: routing-pool-<gpu>.json)
     records, table, cols = module.run(args)
     from ..ops.config import gpu_family
     paths = write_outputs(module, records, args.out, C.environment(), args.sweep,
-                          gpu_family(torch.device("cuda"), interpreter=False), meta=args.meta)
+                          gpu_family(torch.device("cuda"), interpreter=False), meta=args.meta,
+                          variant=args.variant)
     print()
     for p in paths:
         print(f"wrote {p}")

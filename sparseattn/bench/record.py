@@ -66,6 +66,7 @@ class Pass:
     BWD_DKDV = "bwd dK/dV pass"  #: device time of the backward's dK/dV pass (its kernel and its column sums)
     BWD_DQ = "bwd dQ pass"  #: device time of the backward's dQ pass (its kernel and its split-row sums)
     READ = "read"  #: a streaming read of the K/V bytes
+    POOL = "pool"  #: pooling Q and K by blocks alone (the first kernel of a route)
     ROUTE = "route"  #: content routing: pooled scores and the top-k per query block (no index yet)
     INDEX = "index"  #: the index a routed selection needs before attention (transposed lists; Flex's BlockMask)
     STEP = "route+index+fwd"  #: a routed attention step, eager
@@ -75,7 +76,7 @@ class Pass:
     #: every name above
     ALL = frozenset({FWD, BWD, FWD_BWD, FWD_GRAPH, LAYOUT, TRANSPOSE, DECODE, DECODE_DENSE, DECODE_BLOCK_MASK,
                      DECODE_GRAPH,
-                     SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, BWD_DKDV, BWD_DQ, READ, ROUTE, INDEX, STEP, STEP_GRAPH,
+                     SELECT, SELECT_DECODE, SELECT_DECODE_GRAPH, SWEEP, BWD_DKDV, BWD_DQ, READ, POOL, ROUTE, INDEX, STEP, STEP_GRAPH,
                      TRAIN_STEP, TRAIN_STEP_GRAPH})
 
 

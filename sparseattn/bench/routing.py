@@ -266,6 +266,53 @@ INDEX_KERNELS = (r"transpose_kernel",)
 POOL_CHOICES = [(32, 1, False, 4), (None, 2, False, 8), (None, 1, False, 8), (None, 4, False, 8), (64, 2, True, 8),
                 (None, 2, False, 4)]
 
+def _pool_variants() -> dict:
+    """The pool kernel variants ``--pool-sweep`` times (name -> ``routing.RouteKernels``; only the pool fields
+    differ from CURRENT). Aimed at the read ceiling of Q + K: more bytes requested before the first reduction
+    (``joint``: all of a program's blocks as one load), an even persistent grid over every SM for Q and K
+    blocks alike (``pers<programs per SM>``) with its task loop software-pipelined ``s`` stages deep, and
+    rows through TMA (``tma``). Names: ``b`` blocks a program/task, ``sub`` rows a load (the block if
+    absent), ``acc`` element-wise accumulation, ``w`` warps."""
+    from ..routing import CURRENT as CUR, FIRST as FST
+    v = {"current": CUR, "first": FST}
+    for name, kw in (
+            ("joint_b2_w4", dict(pool_joint=True)),
+            ("joint_b2_w8", dict(pool_joint=True, pool_warps=8)),
+            ("joint_b4_sub64_w8", dict(pool_joint=True, pool_blocks=4, pool_sub=64, pool_warps=8)),
+            ("joint_b4_sub32_acc_w8", dict(pool_joint=True, pool_blocks=4, pool_sub=32, pool_row_acc=True,
+                                           pool_warps=8)),
+            ("joint_b2_sub64_acc_w4", dict(pool_joint=True, pool_sub=64, pool_row_acc=True)),
+            ("tma_b2_w4", dict(pool_tma=True)),
+            ("tma_b4_sub64_w4", dict(pool_tma=True, pool_blocks=4, pool_sub=64)),
+            # pointer loads, persistent: Triton 3.6 does not software-pipeline loads that feed no dot (compiled
+            # for sm90: no cp.async, no shared memory at any num_stages), so these keep pool_stages = 1 and put
+            # bytes in flight by programs per SM and blocks a task instead
+            ("pers2_b1_w4", dict(pool_persistent=2, pool_blocks=1)),
+            ("pers4_b2_w4", dict(pool_persistent=4, pool_blocks=2)),
+            ("pers4_b1_sub64_w4", dict(pool_persistent=4, pool_blocks=1, pool_sub=64)),
+            ("pers8_b1_sub64_w4", dict(pool_persistent=8, pool_blocks=1, pool_sub=64)),
+            ("pers4_b1_sub32_acc_w4", dict(pool_persistent=4, pool_blocks=1, pool_sub=32, pool_row_acc=True)),
+            ("pers2_joint_b2_w8", dict(pool_persistent=2, pool_joint=True, pool_warps=8)),
+            # by hand: the next block loaded before this one is reduced (two blocks in flight per program)
+            ("pers2_prefetch_w4", dict(pool_persistent=2, pool_blocks=1, pool_prefetch=True)),
+            ("pers2_prefetch_w8", dict(pool_persistent=2, pool_blocks=1, pool_prefetch=True, pool_warps=8)),
+            ("pers4_prefetch_w8", dict(pool_persistent=4, pool_blocks=1, pool_prefetch=True, pool_warps=8)),
+            # TMA, persistent: descriptor loads are pipelined (s - 1 boxes in flight per program, in shared memory)
+            ("pers1_s4_tma_b1_w4", dict(pool_persistent=1, pool_blocks=1, pool_tma=True, pool_stages=4)),
+            ("pers2_s3_tma_b1_w4", dict(pool_persistent=2, pool_blocks=1, pool_tma=True, pool_stages=3)),
+            ("pers2_s2_tma_b1_w8", dict(pool_persistent=2, pool_blocks=1, pool_tma=True, pool_stages=2,
+                                        pool_warps=8)),
+            ("pers2_s4_tma_b1_sub64_w4", dict(pool_persistent=2, pool_blocks=1, pool_tma=True, pool_sub=64,
+                                              pool_stages=4)),
+            ("pers3_s2_tma_b1_w4", dict(pool_persistent=3, pool_blocks=1, pool_tma=True, pool_stages=2)),
+    ):
+        v[name] = CUR._replace(**kw)
+    return v
+
+
+#: what ``python -m sparseattn.bench routing --pool-sweep`` times (and the CPU tests check against the reference)
+POOL_VARIANTS = _pool_variants()
+
 
 def _route_profile(fn, errors: dict, what: str) -> Optional[dict]:
     """``roofline.profile_step`` of ``fn`` (a route, then its index) as JSON: device ms per kernel name, the
@@ -321,6 +368,75 @@ def _route_ab(q, k, kw: dict, sel, route_extra: dict, index_extra: dict, errors:
     for r in pool_rows:  # what each choice reads per second: Q and K once
         r["tbps"] = read_bytes / r["ms"] / 1e9 if r["ms"] else None
     route_extra["pool_choices"] = pool_rows
+
+
+POOL_COLUMNS = ["variant", "persistent", "blocks", "sub", "joint", "row_acc", "warps", "stages", "tma", "prefetch",
+                "ms", "tbps", "of_read", "same_selection", "max_diff_vs_ref"]
+
+
+def pool_sweep(args) -> tuple:
+    """``--pool-sweep``: every :data:`POOL_VARIANTS` pool launch timed alone at the issue's shape (Q and K of
+    ``MAIN_N`` tokens, ``pool="mean"``), beside the fastest streaming read of the same bytes
+    (``C.best_read``), as ms and TB/s. Each variant's pooled blocks are compared with the eager torch
+    pooling (``reference._pooled_blocks``, fp32) and its selection with CURRENT's, bit for bit (a variant
+    that changed the routed blocks would not be a launch choice). Writes ``routing-pool-<gpu>.json``."""
+    from .. import routing as R
+    from ..reference import _pooled_blocks
+    dev = args.device
+    q, k, _ = routing_inputs(1, HQ, HKV, MAIN_N, D, DTYPE, dev)
+    kw = dict(block_q=BLOCK, block_k=BLOCK, topk=TOPK, local=LOCAL, sinks=SINKS, share=SHARE)
+    spec = R.check_route(q, k, BLOCK, BLOCK, TOPK, None, True, LOCAL, SINKS, SHARE, "mean", "block", None, None,
+                         None)
+    case = {"pattern": "routed", "N": MAIN_N, "B": 1, "Hq": HQ, "Hkv": HKV, "D": D, "dtype": "bf16",
+            "block": BLOCK, "pool": "mean"}
+    read_bytes = (q.numel() + k.numel()) * q.element_size()
+    records, table, errors = [], [], {}
+    q_ref, k_ref = _pooled_blocks(q, BLOCK)[0], _pooled_blocks(k, BLOCK)[0]
+    want = select_blocks(q, k, **kw)  # CURRENT's lists
+    with C.progress(len(POOL_VARIANTS) + 1, f"{NAME} pool sweep") as bar:
+        bar.set_postfix_str("streaming read of Q + K")
+        try:
+            ms_read, how = C.best_read([q, k], C.time_gpu)
+        except Exception as e:  # noqa: BLE001 - the variants are still worth measuring
+            ms_read, how = None, None
+            errors["read"] = f"{type(e).__name__}: {str(e)[:300]}"
+        _record(records, case, Impl.READ_CEILING, Pass.READ, ms_read, errors, "read", bytes=read_bytes, method=how,
+                tbps=read_bytes / ms_read / 1e9 if ms_read else None)
+        bar.update()
+        for name, kn in POOL_VARIANTS.items():
+            bar.set_postfix_str(name)
+            extra = {"variant": name, "kernels": kn._asdict(), "bytes": read_bytes}
+            try:
+                q_mean, k_mean, _, _ = R._pool(q, k, spec, kn)
+                extra["max_diff_vs_ref"] = max(float((q_mean - q_ref).abs().max()), float((k_mean - k_ref).abs().max()))
+                with R.route_kernels(kn):
+                    got = select_blocks(q, k, **kw)
+                extra["same_selection"] = all(bool(torch.equal(a, b)) for a, b in zip(got[:4], want[:4]))
+            except Exception as e:  # noqa: BLE001 - a variant that fails (compile, resources) is recorded
+                errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                C.note(f"pool variant {name} failed: {errors[name]}")
+                ms = None
+            else:
+                ms = _timed(lambda: R._pool(q, k, spec, kn), name, errors)
+            extra["tbps"] = read_bytes / ms / 1e9 if ms else None
+            extra["of_read"] = ms_read / ms if ms and ms_read else None  # share of the read ceiling reached
+            _record(records, {**case, "variant": name}, Impl.OURS, Pass.POOL, ms, errors, name, **extra)
+            table.append({"variant": name, "persistent": kn.pool_persistent, "blocks": kn.pool_blocks,
+                          "sub": kn.pool_sub or BLOCK, "joint": int(kn.pool_joint), "row_acc": int(kn.pool_row_acc),
+                          "warps": kn.pool_warps, "stages": kn.pool_stages, "tma": int(kn.pool_tma),
+                          "prefetch": int(kn.pool_prefetch),
+                          "ms": _fmt(ms, 4), "tbps": _fmt(extra["tbps"], 2), "of_read": _fmt(extra["of_read"], 2),
+                          "same_selection": extra.get("same_selection"),
+                          "max_diff_vs_ref": None if "max_diff_vs_ref" not in extra
+                          else f"{extra['max_diff_vs_ref']:.1e}"})
+            bar.update()
+            C.empty_cache()
+    table.sort(key=lambda r: (r["ms"] == "", r["ms"] if r["ms"] != "" else 0))  # fastest first, failures last
+    table.append({"variant": "read ceiling", "ms": _fmt(ms_read, 4),
+                  "tbps": _fmt(read_bytes / ms_read / 1e9 if ms_read else None, 2), "of_read": 1.0 if ms_read else ""})
+    args.variant = "pool"  # routing-pool-<gpu>.json: never overwrites the recorded suite
+    args.meta = {**getattr(args, "meta", {}), "read_method": how, "read_bytes": read_bytes}
+    return records, table, POOL_COLUMNS
 
 
 def _train(q, k, v, kw, layout, case, records, errors, row) -> None:
@@ -447,7 +563,10 @@ def _checkpoint(args, records) -> None:
 
 def run(args) -> tuple:
     """Measure the main shape first (every term, both passes, graphs, Flex), then the top-k sweep and the reuse
-    rows at that N, then the other lengths; return (records, table rows, table columns)."""
+    rows at that N, then the other lengths; return (records, table rows, table columns). With
+    ``args.pool_sweep``: only :func:`pool_sweep`."""
+    if getattr(args, "pool_sweep", False):
+        return pool_sweep(args)
     Ns = [int(x) for x in args.n.split(",")]
     main = MAIN_N if MAIN_N in Ns else Ns[len(Ns) // 2]
     records, table = [], []

@@ -1,12 +1,16 @@
 """Content routing on the device: pooled blocks, block scores, a top-k per query block, and per-row member bits.
 
-``pool_kernel``: grid (groups of ``BLOCKS`` consecutive blocks, batch * head of Q, then of K: one launch for
-both): the mean of each block's rows and, for keys with ``pool="bound"``, their element-wise min and max
-(Quest's bound). Reads each of Q and K once, everything after works on ``D`` numbers per block. Pooling is a
-pure read, so what matters is how many bytes each SM has in flight: a program reads ``BLOCKS`` whole blocks,
-``SUB`` rows a load (``SUB = BLOCK``: one ``[BLOCK, D]`` load), and with ``ROW_ACC`` it adds the loads
-element-wise into a ``[SUB, D]`` accumulator and reduces once at the end, so no reduction (with its barrier)
-sits between two loads. The launch choice is ``sparseattn.routing.RouteKernels``.
+``pool_kernel``: the mean of each block's rows and, for keys with ``pool="bound"``, their element-wise min and
+max (Quest's bound); one launch for Q and K. Reads each of Q and K once, everything after works on ``D``
+numbers per block. Pooling is a pure read, so what matters is how many bytes each SM keeps in flight and
+whether every SM has work to the end. The launch choices (``sparseattn.routing.RouteKernels``): a program
+(or, persistent, a task) takes ``BLOCKS`` consecutive blocks, ``SUB`` rows a load (``SUB = BLOCK``: one
+``[BLOCK, D]`` load); ``ROW_ACC`` adds the loads element-wise into a ``[SUB, D]`` accumulator and reduces
+once at the end, so no reduction (with its barrier) sits between two loads; ``JOINT`` loads chunk ``r0``
+of all ``BLOCKS`` blocks as one ``[BLOCKS, SUB, D]`` tensor; ``PERSISTENT``: a grid of a few programs per
+SM, each walking tasks ``p, p + P, ...`` in a loop software-pipelined ``STAGES`` deep (``tl.range``);
+``USE_TMA``: rows through tensor descriptors (the copy engine). Grid otherwise: (groups of ``BLOCKS``
+blocks, batch * head of Q, then of K).
 
 ``block_scores_kernel``: grid (``BLOCK_R`` query blocks, key-column ranges x parts of the shared heads,
 batch * layout head): pooled Q against pooled K by ``tl.dot`` (fp32, ieee), the max over the query heads
@@ -41,9 +45,46 @@ from ._common import LOG2E
 
 
 @triton.jit
-def _pool_rows(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
+def _pool_add(b_sum, b_min, b_max, b_x, ok, AXIS: tl.constexpr, BOUND: tl.constexpr, ROW_ACC: tl.constexpr):
+    """One loaded chunk ``b_x`` (fp32; ``ok``: its real rows, broadcastable to it) into the accumulators:
+    element-wise (``ROW_ACC``) or reduced over the chunk's rows (axis ``AXIS``) first."""
+    if ROW_ACC:
+        b_sum += b_x
+        if BOUND:
+            b_min = tl.minimum(b_min, tl.where(ok, b_x, float("inf")))
+            b_max = tl.maximum(b_max, tl.where(ok, b_x, float("-inf")))
+    else:
+        b_sum += tl.sum(b_x, AXIS)
+        if BOUND:
+            b_min = tl.minimum(b_min, tl.min(tl.where(ok, b_x, float("inf")), AXIS))
+            b_max = tl.maximum(b_max, tl.max(tl.where(ok, b_x, float("-inf")), AXIS))
+    return b_sum, b_min, b_max
+
+
+@triton.jit
+def _pool_load(X_HEAD, desc, b, h, row0, L, stride_l, SUB: tl.constexpr, HEAD_DIM: tl.constexpr,
+               USE_TMA: tl.constexpr):
+    """Rows ``row0 .. row0 + SUB - 1`` of one head as fp32 ``[SUB, D]`` (rows past ``L`` read as 0) and the
+    ``[SUB, 1]`` mask of the real ones."""
+    offs = row0 + tl.arange(0, SUB)  # [SUB]
+    ok = (offs < L)[:, None]
+    if USE_TMA:  # the copy engine addresses the [SUB, D] box and zero-fills rows past L
+        b_x = desc.load([b, h, row0, 0]).reshape(SUB, HEAD_DIM)
+    else:
+        b_x = tl.load(X_HEAD + offs[:, None].to(tl.int64) * stride_l + tl.arange(0, HEAD_DIM)[None, :], mask=ok,
+                      other=0.0)
+    return b_x.to(tl.float32), ok
+
+
+@triton.jit
+def _pool_rows(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
                BLOCK: tl.constexpr, SUB: tl.constexpr, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr,
-               ROW_ACC: tl.constexpr):
+               ROW_ACC: tl.constexpr, USE_TMA: tl.constexpr, TASK: tl.constexpr):
+    """Pool block ``blk`` of (batch, head) ``bh``: ``SUB`` rows a load, its mean (and min/max) stored at row
+    ``bh * n_blocks + blk`` of the outputs. ``TASK`` (the body of a persistent loop): nothing is stored for
+    ``blk >= n_blocks`` (masked stores, no branch), and the chunk loop is unrolled, so that the task loop
+    around it is the innermost loop, the one Triton's pipeliner deepens; otherwise the caller has branched
+    around such blocks. With ``USE_TMA`` the rows come through the tensor descriptor ``desc``."""
     b = bh // H
     h = bh % H
     offs_d = tl.arange(0, HEAD_DIM)
@@ -58,21 +99,14 @@ def _pool_rows(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride_b, st
         b_sum = tl.zeros([HEAD_DIM], tl.float32)
         b_min = tl.full([HEAD_DIM], float("inf"), tl.float32)
         b_max = tl.full([HEAD_DIM], float("-inf"), tl.float32)
-    for r0 in range(0, BLOCK, SUB):
-        offs = blk * BLOCK + r0 + tl.arange(0, SUB)  # [SUB]
-        ok = offs < L
-        b_x = tl.load(base + offs[:, None].to(tl.int64) * stride_l + offs_d[None, :], mask=ok[:, None],
-                      other=0.0).to(tl.float32)  # [SUB, D]
-        if ROW_ACC:
-            b_sum += b_x
-            if BOUND:
-                b_min = tl.minimum(b_min, tl.where(ok[:, None], b_x, float("inf")))
-                b_max = tl.maximum(b_max, tl.where(ok[:, None], b_x, float("-inf")))
-        else:
-            b_sum += tl.sum(b_x, 0)
-            if BOUND:
-                b_min = tl.minimum(b_min, tl.min(tl.where(ok[:, None], b_x, float("inf")), 0))
-                b_max = tl.maximum(b_max, tl.max(tl.where(ok[:, None], b_x, float("-inf")), 0))
+    if TASK:
+        for r0 in tl.static_range(0, BLOCK, SUB):
+            b_x, ok = _pool_load(base, desc, b, h, blk * BLOCK + r0, L, stride_l, SUB, HEAD_DIM, USE_TMA)
+            b_sum, b_min, b_max = _pool_add(b_sum, b_min, b_max, b_x, ok, 0, BOUND, ROW_ACC)
+    else:
+        for r0 in range(0, BLOCK, SUB):
+            b_x, ok = _pool_load(base, desc, b, h, blk * BLOCK + r0, L, stride_l, SUB, HEAD_DIM, USE_TMA)
+            b_sum, b_min, b_max = _pool_add(b_sum, b_min, b_max, b_x, ok, 0, BOUND, ROW_ACC)
     if ROW_ACC:
         b_sum = tl.sum(b_sum, 0)  # [D]
         if BOUND:
@@ -80,32 +114,182 @@ def _pool_rows(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk, bh, L, n_blocks, stride_b, st
             b_max = tl.max(b_max, 0)
     n = tl.minimum(L - blk * BLOCK, BLOCK)  # rows of the block inside the sequence (the last one is clipped)
     out = (bh.to(tl.int64) * n_blocks + blk) * HEAD_DIM + offs_d
-    tl.store(OUT_MEAN + out, b_sum / n.to(tl.float32))
+    if TASK:
+        n = tl.maximum(n, 1)  # a block past the end stores nothing: no division by a non-positive count
+        real = offs_d < tl.where(blk < n_blocks, HEAD_DIM, 0)  # [D]: all true, or all false past the last block
+        tl.store(OUT_MEAN + out, b_sum / n.to(tl.float32), mask=real)
+        if BOUND:
+            tl.store(OUT_MIN + out, b_min, mask=real)
+            tl.store(OUT_MAX + out, b_max, mask=real)
+    else:
+        tl.store(OUT_MEAN + out, b_sum / n.to(tl.float32))
+        if BOUND:
+            tl.store(OUT_MIN + out, b_min)
+            tl.store(OUT_MAX + out, b_max)
+
+
+@triton.jit
+def _pool_joint(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
+                BLOCK: tl.constexpr, SUB: tl.constexpr, BLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BOUND: tl.constexpr, ROW_ACC: tl.constexpr, TASK: tl.constexpr):
+    """Pool blocks ``blk0 .. blk0 + BLOCKS - 1`` of (batch, head) ``bh`` together: each load is one
+    ``[BLOCKS, SUB, D]`` tensor (chunk ``r0`` of every block at once), so all of a program's bytes are
+    requested before any reduction, and each reduction covers all its blocks (axis 1). Blocks past
+    ``n_blocks`` are masked off (loads and stores); ``TASK`` unrolls the chunk loop (see ``_pool_rows``)."""
+    b = bh // H
+    h = bh % H
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_b = blk0 + tl.arange(0, BLOCKS)  # [NB]
+    base = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    if ROW_ACC:
+        b_sum = tl.zeros([BLOCKS, SUB, HEAD_DIM], tl.float32)
+        b_min = tl.full([BLOCKS, SUB, HEAD_DIM], float("inf"), tl.float32)
+        b_max = tl.full([BLOCKS, SUB, HEAD_DIM], float("-inf"), tl.float32)
+    else:
+        b_sum = tl.zeros([BLOCKS, HEAD_DIM], tl.float32)
+        b_min = tl.full([BLOCKS, HEAD_DIM], float("inf"), tl.float32)
+        b_max = tl.full([BLOCKS, HEAD_DIM], float("-inf"), tl.float32)
+    if TASK:
+        for r0 in tl.static_range(0, BLOCK, SUB):
+            b_x, ok = _joint_load(base, offs_b, r0, L, n_blocks, stride_l, BLOCK, SUB, HEAD_DIM)
+            b_sum, b_min, b_max = _pool_add(b_sum, b_min, b_max, b_x, ok, 1, BOUND, ROW_ACC)
+    else:
+        for r0 in range(0, BLOCK, SUB):
+            b_x, ok = _joint_load(base, offs_b, r0, L, n_blocks, stride_l, BLOCK, SUB, HEAD_DIM)
+            b_sum, b_min, b_max = _pool_add(b_sum, b_min, b_max, b_x, ok, 1, BOUND, ROW_ACC)
+    if ROW_ACC:
+        b_sum = tl.sum(b_sum, 1)  # [NB, D]
+        if BOUND:
+            b_min = tl.min(b_min, 1)
+            b_max = tl.max(b_max, 1)
+    n = tl.minimum(L - offs_b * BLOCK, BLOCK)  # [NB] rows of each block inside the sequence
+    n = tl.where(offs_b < n_blocks, n, 1)  # blocks past the end: no store, no division by a non-positive count
+    out = (bh.to(tl.int64) * n_blocks + offs_b)[:, None] * HEAD_DIM + offs_d[None, :]  # [NB, D]
+    real = (offs_b < n_blocks)[:, None]
+    tl.store(OUT_MEAN + out, b_sum / n.to(tl.float32)[:, None], mask=real)
     if BOUND:
-        tl.store(OUT_MIN + out, b_min)
-        tl.store(OUT_MAX + out, b_max)
+        tl.store(OUT_MIN + out, b_min, mask=real)
+        tl.store(OUT_MAX + out, b_max, mask=real)
 
 
-@triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None})
+@triton.jit
+def _joint_load(X_HEAD, offs_b, r0, L, n_blocks, stride_l, BLOCK: tl.constexpr, SUB: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
+    """Chunk ``r0`` (``SUB`` rows) of each block ``offs_b [NB]`` of one head: fp32 ``[NB, SUB, D]`` (rows past
+    ``L`` and blocks past ``n_blocks`` read as 0) and the ``[NB, SUB, 1]`` mask of the real rows."""
+    offs = offs_b[:, None] * BLOCK + r0 + tl.arange(0, SUB)[None, :]  # [NB, SUB] rows
+    ok = ((offs < L) & (offs_b < n_blocks)[:, None])[:, :, None]  # [NB, SUB, 1]
+    ptrs = X_HEAD + offs[:, :, None].to(tl.int64) * stride_l + tl.arange(0, HEAD_DIM)[None, None, :]
+    return tl.load(ptrs, mask=ok, other=0.0).to(tl.float32), ok
+
+
+@triton.jit
+def _pool_task(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
+               BLOCK: tl.constexpr, SUB: tl.constexpr, BLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BOUND: tl.constexpr, ROW_ACC: tl.constexpr, JOINT: tl.constexpr, USE_TMA: tl.constexpr,
+               GUARD: tl.constexpr):
+    """Blocks ``blk0 ..`` (``BLOCKS`` of them) of one (batch, head): jointly, or one after the other (with
+    ``GUARD``, a block past ``n_blocks`` is skipped by a branch, as the first grid did; without it the
+    stores are masked, so that a persistent loop's body has no branch)."""
+    if JOINT:
+        _pool_joint(X, OUT_MEAN, OUT_MIN, OUT_MAX, blk0, bh, L, n_blocks, stride_b, stride_h, stride_l, H,
+                    BLOCK, SUB, BLOCKS, HEAD_DIM, BOUND, ROW_ACC, not GUARD)
+    else:
+        for t in tl.static_range(BLOCKS):  # independent loads in flight
+            if GUARD:
+                if blk0 + t < n_blocks:
+                    _pool_rows(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk0 + t, bh, L, n_blocks, stride_b, stride_h,
+                               stride_l, H, BLOCK, SUB, HEAD_DIM, BOUND, ROW_ACC, USE_TMA, False)
+            else:
+                _pool_rows(X, desc, OUT_MEAN, OUT_MIN, OUT_MAX, blk0 + t, bh, L, n_blocks, stride_b, stride_h,
+                           stride_l, H, BLOCK, SUB, HEAD_DIM, BOUND, ROW_ACC, USE_TMA, True)
+
+
+@triton.jit
+def _prefetch_load(X, t, t_end, L, n_blocks, stride_b, stride_h, stride_l, H, BLOCK: tl.constexpr,
+                   HEAD_DIM: tl.constexpr):
+    """The rows of task ``t`` (one whole block: ``t = bh * n_blocks + blk``) as ``[BLOCK, D]`` in the tensor's
+    dtype (nothing read for ``t >= t_end``: the prefetch past a program's last task) and its row mask."""
+    bh = t // n_blocks
+    offs = (t % n_blocks) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    ok = (offs < L) & (t < t_end)
+    base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
+    ptrs = base + offs[:, None].to(tl.int64) * stride_l + tl.arange(0, HEAD_DIM)[None, :]
+    return tl.load(ptrs, mask=ok[:, None], other=0.0), ok
+
+
+@triton.jit
+def _pool_prefetched(X, OUT_MEAN, OUT_MIN, OUT_MAX, t_first, t_end, P, L, n_blocks, stride_b, stride_h, stride_l,
+                     H, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BOUND: tl.constexpr):
+    """Tasks ``t_first, t_first + P, ... < t_end`` (one whole block each) with a register double buffer:
+    the next task's rows are requested before this task's reduction, so two blocks' bytes are in flight per
+    program (by hand what a software pipeliner would do; Triton 3.6 does not pipeline loads that feed no dot)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    b_next, ok_next = _prefetch_load(X, t_first, t_end, L, n_blocks, stride_b, stride_h, stride_l, H, BLOCK,
+                                     HEAD_DIM)  # [BLOCK, D]
+    for t in range(t_first, t_end, P):
+        b_x = b_next.to(tl.float32)  # [BLOCK, D]
+        ok = ok_next
+        b_next, ok_next = _prefetch_load(X, t + P, t_end, L, n_blocks, stride_b, stride_h, stride_l, H, BLOCK,
+                                         HEAD_DIM)
+        blk = t % n_blocks
+        n = tl.minimum(L - blk * BLOCK, BLOCK)  # rows of the block inside the sequence (the last one is clipped)
+        out = tl.cast(t, tl.int64) * HEAD_DIM + offs_d  # row t = bh * n_blocks + blk of the outputs
+        tl.store(OUT_MEAN + out, tl.sum(b_x, 0) / n.to(tl.float32))
+        if BOUND:
+            tl.store(OUT_MIN + out, tl.min(tl.where(ok[:, None], b_x, float("inf")), 0))
+            tl.store(OUT_MAX + out, tl.max(tl.where(ok[:, None], b_x, float("-inf")), 0))
+
+
+@triton.heuristics({"BOUND": lambda a: a["K_MIN"] is not None, "USE_TMA": lambda a: a["desc_q"] is not None})
 @triton.jit
 def pool_kernel(
-    Q, K, Q_MEAN, K_MEAN, K_MIN, K_MAX,
+    Q, K, desc_q, desc_k, Q_MEAN, K_MEAN, K_MIN, K_MAX,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-    Hq, Hkv, Lq, Lk, nq, nk, BQ_PROGRAMS,
+    Hq, Hkv, Lq, Lk, nq, nk, BQ_PROGRAMS, BK_PROGRAMS,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
-    BLOCKS: tl.constexpr, ROW_ACC: tl.constexpr, BOUND: tl.constexpr,
+    BLOCKS: tl.constexpr, ROW_ACC: tl.constexpr, JOINT: tl.constexpr, PERSISTENT: tl.constexpr,
+    STAGES: tl.constexpr, PREFETCH: tl.constexpr, BOUND: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    bh = tl.program_id(1)
-    for t in tl.static_range(BLOCKS):  # BLOCKS consecutive blocks a program: independent loads in flight
-        blk = tl.program_id(0) * BLOCKS + t
+    if PERSISTENT and PREFETCH:  # one whole block a task, the next one loaded before this one is reduced
+        P = tl.num_programs(0)
+        pid = tl.program_id(0)
+        n_q = BQ_PROGRAMS * nq
+        n_k = BK_PROGRAMS * nk
+        _pool_prefetched(Q, Q_MEAN, Q_MEAN, Q_MEAN, pid, n_q, P, Lq, nq, stride_qb, stride_qh, stride_qm, Hq,
+                         BLOCK_Q, HEAD_DIM, False)
+        # K's tasks continue the same striding: task n_q + u is program (n_q + u) mod P's
+        _pool_prefetched(K, K_MEAN, K_MIN, K_MAX, (pid + P - n_q % P) % P, n_k, P, Lk, nk, stride_kb, stride_kh,
+                         stride_kn, Hkv, BLOCK_K, HEAD_DIM, BOUND)
+    elif PERSISTENT:
+        # a task is BLOCKS consecutive blocks of one (batch, head): Q's tasks first, then K's; program p of P
+        # takes tasks p, p + P, ... in two loops (one per tensor: no branch in a loop body, so the software
+        # pipeliner can keep STAGES tasks' loads in flight)
+        P = tl.num_programs(0)
+        pid = tl.program_id(0)
+        q_tasks = tl.cdiv(nq, BLOCKS)  # tasks per (batch, head)
+        k_tasks = tl.cdiv(nk, BLOCKS)
+        n_q = BQ_PROGRAMS * q_tasks
+        n_all = n_q + BK_PROGRAMS * k_tasks
+        for t in tl.range(pid, n_q, P, num_stages=STAGES):
+            _pool_task(Q, desc_q, Q_MEAN, Q_MEAN, Q_MEAN, (t % q_tasks) * BLOCKS, t // q_tasks, Lq, nq,
+                       stride_qb, stride_qh, stride_qm, Hq, BLOCK_Q, SUB, BLOCKS, HEAD_DIM, False, ROW_ACC, JOINT,
+                       USE_TMA, False)
+        k_first = n_q + (pid + P - n_q % P) % P  # the first task index >= n_q that is pid modulo P
+        for t in tl.range(k_first, n_all, P, num_stages=STAGES):
+            tk = t - n_q
+            _pool_task(K, desc_k, K_MEAN, K_MIN, K_MAX, (tk % k_tasks) * BLOCKS, tk // k_tasks, Lk, nk,
+                       stride_kb, stride_kh, stride_kn, Hkv, BLOCK_K, SUB, BLOCKS, HEAD_DIM, BOUND, ROW_ACC, JOINT,
+                       USE_TMA, False)
+    else:
+        bh = tl.program_id(1)
+        blk0 = tl.program_id(0) * BLOCKS
         if bh < BQ_PROGRAMS:  # the first B * Hq programs pool query blocks, the rest key blocks
-            if blk < nq:
-                _pool_rows(Q, Q_MEAN, Q_MEAN, Q_MEAN, blk, bh, Lq, nq, stride_qb, stride_qh, stride_qm, Hq,
-                           BLOCK_Q, SUB, HEAD_DIM, False, ROW_ACC)
+            _pool_task(Q, desc_q, Q_MEAN, Q_MEAN, Q_MEAN, blk0, bh, Lq, nq, stride_qb, stride_qh, stride_qm, Hq,
+                       BLOCK_Q, SUB, BLOCKS, HEAD_DIM, False, ROW_ACC, JOINT, USE_TMA, True)
         else:
-            if blk < nk:
-                _pool_rows(K, K_MEAN, K_MIN, K_MAX, blk, bh - BQ_PROGRAMS, Lk, nk, stride_kb, stride_kh,
-                           stride_kn, Hkv, BLOCK_K, SUB, HEAD_DIM, BOUND, ROW_ACC)
+            _pool_task(K, desc_k, K_MEAN, K_MIN, K_MAX, blk0, bh - BQ_PROGRAMS, Lk, nk, stride_kb, stride_kh,
+                       stride_kn, Hkv, BLOCK_K, SUB, BLOCKS, HEAD_DIM, BOUND, ROW_ACC, JOINT, USE_TMA, True)
 
 
 @triton.jit

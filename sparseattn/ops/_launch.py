@@ -11,6 +11,7 @@ import torch
 
 from .. import _runtime, maskc
 from .. import _fast_launch
+from .._tiles import tma_ok  # noqa: F401 - its home is _tiles (routing, below ops, uses it too)
 from ..layout import BlockLayout
 from ..predicates import Predicate, kernel_predicate
 
@@ -314,16 +315,6 @@ def tensor_descriptors(head_dim: int, **tiles) -> dict:
 
 def _pow2(n) -> bool:
     return isinstance(n, int) and n > 0 and n & (n - 1) == 0
-
-
-def tma_ok(*tensors) -> bool:
-    """Tensor descriptors need 16-byte aligned bases and strides (and a unit last stride)."""
-    for t in tensors:
-        if t.stride(-1) != 1 or t.data_ptr() % 16:
-            return False
-        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
 
 
 def with_smaller_tiles(run, cfg, fallbacks):

@@ -31,9 +31,10 @@ class _Arg:  # what a @triton.heuristics lambda may look at: a tensor's dtype, o
         self.dtype = dtype
 
 
-def compile_variant(kernel, ptrs: dict, floats=(), consts=None) -> str:
+def compile_variant(kernel, ptrs: dict, floats=(), consts=None, options=None) -> str:
     """Compile ``kernel`` with pointer args ``ptrs`` (name -> type), fp32 scalars ``floats``, constexprs
-    ``consts`` (None = an absent optional tensor); every other argument is an i32 scalar."""
+    ``consts`` (None = an absent optional tensor), launch ``options`` (num_warps, num_stages); every other
+    argument is an i32 scalar."""
     jit = kernel.fn if isinstance(kernel, triton.runtime.autotuner.Heuristics) else kernel
     consts = dict(consts or {})
     if jit is not kernel:  # evaluate the heuristics the way a launch would
@@ -47,8 +48,9 @@ def compile_variant(kernel, ptrs: dict, floats=(), consts=None) -> str:
     flags = ",".join(f"{k}={getattr(v, '__module__', v) if k == 'MASK_FN' else v}" for k, v in consts.items()
                      if k.isupper() and not isinstance(v, int))
     try:
-        triton.compile(src, target=TARGET)
-        return f"ok    {jit.fn.__name__} {flags}"
+        compiled = triton.compile(src, target=TARGET, options=options)
+        opts = "".join(f" {k}={v}" for k, v in (options or {}).items())
+        return f"ok    {jit.fn.__name__} {flags}{opts} shared={compiled.metadata.shared}"
     except Exception as e:  # noqa: BLE001 - report every failure, keep going
         return f"FAIL  {jit.fn.__name__} {flags}: {type(e).__name__}: {str(e)[:2000]}"
 
@@ -190,14 +192,24 @@ def variants():
 
 def routing_variants():
     """The routing kernels (pool, block scores, top-k select, member bits) and the fused transpose."""
+    from sparseattn.bench.routing import POOL_VARIANTS
     for block, d in ((128, 128),):
+        # every pool variant the routing suite's --pool-sweep times (FIRST and CURRENT among them), with the
+        # options its launch passes; bound keys (min/max too) once each, plain means for CURRENT as well
+        for name, kn in POOL_VARIANTS.items():
+            sub = block if kn.pool_sub is None else kn.pool_sub
+            for bound in (True, False) if name == "current" else (True,):
+                ptrs = dict(Q=BF16, K=BF16, Q_MEAN=F32, K_MEAN=F32, **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
+                if kn.pool_tma:
+                    ptrs.update({f"desc_{n}": f"tensordesc<bf16[1,1,{sub},{d}]>" for n in "qk"})
+                yield route.pool_kernel, ptrs, (), dict(
+                    HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, SUB=sub, BLOCKS=kn.pool_blocks, ROW_ACC=kn.pool_row_acc,
+                    JOINT=kn.pool_joint, PERSISTENT=kn.pool_persistent > 0, STAGES=kn.pool_stages,
+                    PREFETCH=kn.pool_prefetch,
+                    **({} if bound else {"K_MIN": None, "K_MAX": None}),
+                    **({} if kn.pool_tma else {"desc_q": None, "desc_k": None})), dict(
+                    num_warps=kn.pool_warps, **({"num_stages": kn.pool_stages} if kn.pool_persistent else {}))
         for bound in (False, True):
-            ptrs = dict(Q=BF16, K=BF16, Q_MEAN=F32, K_MEAN=F32, **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
-            # the launch choices of sparseattn.routing (FIRST, CURRENT) and the element-wise accumulation
-            for sub, blocks, row_acc in ((32, 1, False), (128, 2, False), (64, 2, True)):
-                yield route.pool_kernel, ptrs, (), dict(HEAD_DIM=d, BLOCK_Q=block, BLOCK_K=block, SUB=sub,
-                                                        BLOCKS=blocks, ROW_ACC=row_acc,
-                                                        **({} if bound else {"K_MIN": None, "K_MAX": None}))
             ptrs = dict(Q_MEAN=F32, K_MEAN=F32, S=F32, **({"K_MIN": F32, "K_MAX": F32} if bound else {}))
             for causal, skip in ((True, True), (True, False), (False, False)):
                 yield route.block_scores_kernel, ptrs, ("scale",), dict(
@@ -230,7 +242,7 @@ def routing_variants():
 
 
 def main() -> int:
-    lines = [compile_variant(k, p, f, c) for k, p, f, c in (*variants(), *routing_variants())]
+    lines = [compile_variant(*v) for v in (*variants(), *routing_variants())]
     print("\n".join(lines))
     return int(any(line.startswith("FAIL") for line in lines))
 
