@@ -138,23 +138,21 @@ def _jit_fn(kernel):
     return None
 
 
-def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Callable[[], Any],
-           stream: Optional[torch.cuda.Stream] = None):
+def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Callable[[], Any]):
     """Launch ``kernel`` on ``grid`` with the arguments of ``static`` (None: none) and ``kwargs`` (the
     per-call ones; launch options may be in either); ``slow()`` is the ordinary ``kernel[grid](**all)``
-    call, used to bind and compile on a miss. ``stream``: launch there instead of on the current stream
-    (a hit passes its handle to the launcher; a miss runs ``slow()`` with it made current)."""
+    call, used to bind and compile on a miss."""
     if not _ENABLED or _hooks_set():
-        return _on(stream, slow)
+        return slow()
     device = torch.cuda.current_device()
     try:
         key = (id(kernel), device, None if static is None else static.token, tuple(kwargs),
                tuple(map(_arg_key, kwargs.values())))
     except _Uncacheable:
-        return _on(stream, slow)
+        return slow()
     bound = _CACHE.get(key)
     if bound is None:
-        compiled = _on(stream, slow)
+        compiled = slow()
         bound = _bind(kernel, {**(static or {}), **kwargs}, kwargs, compiled)
         if bound is not None:
             if len(_CACHE) >= _MAX_ENTRIES:
@@ -172,22 +170,14 @@ def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Ca
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     c = bound.compiled
-    # what Triton's driver asks torch for
-    handle = torch._C._cuda_getCurrentRawStream(device) if stream is None else stream.cuda_stream
+    stream = torch._C._cuda_getCurrentRawStream(device)  # what Triton's driver asks torch for
     # no hook is registered (checked above): no launch metadata, and the launcher skips None hooks
     if bound.raw is not None:
-        bound.raw(g0, g1, g2, handle, c.function, *bound.head, *args)
+        bound.raw(g0, g1, g2, stream, c.function, *bound.head, *args)
     else:
-        c.run(g0, g1, g2, handle, c.function, c.packed_metadata, None, None, None, *args)
+        c.run(g0, g1, g2, stream, c.function, c.packed_metadata, None, None, None, *args)
     stats["hits"] += 1
     return c
-
-
-def _on(stream: Optional[torch.cuda.Stream], fn: Callable[[], Any]):
-    if stream is None:
-        return fn()
-    with torch.cuda.stream(stream):
-        return fn()
 
 
 def _make_tensordesc_arg(desc, meta) -> list:

@@ -77,23 +77,6 @@ def patch_interpreter_scalars() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-@functools.lru_cache(maxsize=None)
-def side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """One side stream per CUDA device for work that may run next to the current stream (the backward's dQ
-    pass beside its dK/dV pass); callers fork to it and join back with the events of :func:`fork_events`."""
-    return torch.cuda.Stream(device=device)
-
-
-@functools.lru_cache(maxsize=None)
-def fork_events(device: torch.device) -> "tuple[torch.cuda.Event, torch.cuda.Event]":
-    """``(fork, join)``: two events kept per CUDA device for a fork to :func:`side_stream` (record ``fork`` on
-    the current stream, the side stream waits for it) and the join back (record ``join`` on the side stream,
-    the current stream waits). ``Stream.wait_stream`` makes a new event at each call; reusing two is correct
-    because a wait takes the event's latest record at the time it is issued, and it saves host time per call."""
-    with torch.cuda.device(device):
-        return torch.cuda.Event(), torch.cuda.Event()
-
-
 def graph_step(fn, stream=None, warmup: int = 2):
     """Capture ``fn`` (fixed shapes, no host sync) in a CUDA graph after ``warmup`` calls on a side stream
     (``stream``, or a new one: compiles kernels, fills caches); return the graph (``graph.replay()`` reruns

@@ -20,10 +20,10 @@ def _record(monkeypatch):
     calls = []
     real = L.launch
 
-    def recording(kernel, grid, *, num_stages, static=None, stream=None, **kwargs):
+    def recording(kernel, grid, *, num_stages, static=None, **kwargs):
         name = kernel.fn.__name__ if hasattr(kernel, "fn") and hasattr(kernel.fn, "__name__") else kernel.__name__
         calls.append((name, tuple(grid), num_stages, None if static is None else dict(static), dict(kwargs)))
-        return real(kernel, grid, num_stages=num_stages, static=static, stream=stream, **kwargs)
+        return real(kernel, grid, num_stages=num_stages, static=static, **kwargs)
     monkeypatch.setattr(L, "launch", recording)
     return calls
 
@@ -53,7 +53,7 @@ def test_cached_launch_replays_the_arguments_triton_would_bind(monkeypatch, tmp_
     sa.sparse_decode(qd, cache)
     sa.sparse_decode(qd, cache, pages=sa.select_pages(qd, cache, topk=3))
     names = {c[0] for c in calls}
-    assert {"sparse_fwd_kernel", "delta_kernel", "dkdv_kernel", "column_reduce_kernel", "dq_kernel",
+    assert {"sparse_fwd_kernel", "delta_kernel", "dkdv_kernel", "column_reduce_kernel", "dq_kernel", "bwd_kernel",
             "merge_rows_kernel", "decode_split_kernel", "merge_splits_kernel"} <= names, names
     assert any(c[3] is not None for c in calls) and any(c[3] is None for c in calls)
     # the per-pass options reached the launches: the dK/dV pass 4 warps 1 stage, the dQ pass 2 warps 2 stages,

@@ -554,21 +554,24 @@ def test_trusted_layouts_need_a_register_mask_path():
         BlockLayout.from_lists(*args, q_len=80, kv_len=64, block_q=16, block_k=16, mask_mod=P.causal(), trusted=True)
 
 
-def test_dynamic_plans_are_built_per_call_without_caching():
+def test_dynamic_plans_come_from_the_shape_and_are_not_kept_on_the_layout():
     from sparseattn.ops import column_work
     from sparseattn.ops._launch import row_order
     lay = route(*qk(Lq=64, Lk=64), 16, 16, topk=1)
+    other = route(*qk(Lq=64, Lk=64, seed=9), 16, 16, topk=1)
     plan = column_work(lay, 16)
     assert plan.n_ws == 0 and plan.chunk == lay.nq and plan.work.shape == (4, 3)
-    assert sorted(plan.work[:, 0].tolist()) == [0, 1, 2, 3] and (plan.work[:, 2] == -1).all()
-    row_order(lay, 16)
+    assert plan.work[:, 0].tolist() == [0, 1, 2, 3] and (plan.work[:, 2] == -1).all()
+    assert column_work(other, 16) is plan and row_order(other, 16) is row_order(lay, 16)
+    assert row_order(lay, 16).tolist() == [3, 2, 1, 0]
     assert not any(isinstance(key, tuple) for key in lay._plans), lay._plans.keys()
 
 
-def test_dynamic_plan_splits_the_longest_columns_with_a_shape_only_size():
-    """A routed layout's sink column is listed by every query tile: the dynamic dK/dV plan cuts the longest key
-    sub-tiles of this call's lists into ceil(nq / chunk) chunks (a size fixed by the shapes, for graphs), and
-    the gradients still match the fp64 reference, bitwise repeatable."""
+def test_dynamic_plan_splits_the_first_columns_with_a_shape_only_size():
+    """A routed layout's sink column is listed by every query tile: the dynamic dK/dV plan cuts the first key
+    sub-tiles (the sinks, and under a causal mask the columns the most rows can see) into ceil(nq / chunk)
+    chunks (a size fixed by the shapes, for graphs), and the gradients still match the fp64 reference,
+    bitwise repeatable."""
     from sparseattn.ops import column_work
     from sparseattn.ops.backward import DYNAMIC_SPLIT_COLUMNS
     q, k = qk(Hq=4, Hkv=2, Lq=256, Lk=256, seed=5)
@@ -579,7 +582,7 @@ def test_dynamic_plan_splits_the_longest_columns_with_a_shape_only_size():
     R = DYNAMIC_SPLIT_COLUMNS
     assert plan.n_ws == R * per and plan.work.shape == (R * per + lay.nk - R, 3)
     assert plan.reduce.shape == (R, 3) and (plan.reduce[:, 2] == per).all()
-    assert 0 in plan.reduce[:, 0].tolist()  # the sink column (every row lists it) is among the split ones
+    assert plan.reduce[:, 0].tolist() == list(range(R))  # the sink column (every row lists it) among them
     assert sorted(plan.work[:, 2].tolist()) == [-1] * (lay.nk - R) + list(range(R * per))
     v = torch.randn_like(k)
     check_attention(lay, q, k, v)

@@ -187,7 +187,8 @@ def sweep_pairs(D: int, default: BwdConfig) -> List[BwdConfig]:
     per_tma = []
     for tma in (True, False):
         dkdv, dq = grid[tma]
-        per_tma.append([BwdConfig(**(a or dk_default), **(b or dq_default), tma=tma)
+        # two launches (overlap=False): each pass is its own kernel, timed by its own events
+        per_tma.append([BwdConfig(**(a or dk_default), **(b or dq_default), tma=tma, overlap=False)
                         for a, b in itertools.zip_longest(dkdv, dq)])
     return [c for pair in itertools.zip_longest(*per_tma) for c in pair if c is not None]
 

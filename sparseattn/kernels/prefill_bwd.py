@@ -6,7 +6,9 @@ query head of the GQA group, recomputing ``P`` from the saved LSE; ``dq_kernel``
 (query sub-tile, batch * query head) walking the forward table -- or, split (``SPLIT``, ``BwdConfig.dq_split``),
 one program per task of :func:`sparseattn.balance.plan`: a long row's chunks write float32 partial dQ to a
 workspace that ``dq_reduce_kernel`` sums in chunk order. No two programs write the same element, so repeated
-runs are bitwise equal. ``Δ = rowsum(dO ∘ O)`` is computed before both.
+runs are bitwise equal. ``Δ = rowsum(dO ∘ O)`` is computed before both. ``bwd_kernel`` runs both kinds of
+program in one launch (``BwdConfig.overlap``); the kernels are thin entries around ``_dkdv_program`` and
+``_dq_program``.
 
 Atomic path (5 tile matmuls, ``DQ_ACC`` given): the dK/dV program also forms ``dQ_i += dS_ij K_j`` and adds
 it into a float32 dQ with ``tl.atomic_add``; the order of those additions varies from run to run.
@@ -109,9 +111,39 @@ def dkdv_kernel(
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
 ):
+    """One program per (dK/dV work item, batch * KV head): :func:`_dkdv_program`."""
+    _dkdv_program(
+        tl.program_id(0), tl.program_id(1),
+        Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,
+        stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+        stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+        stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+        stride_dqb, stride_dqh, stride_dqm,
+        Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, BITS, DOC, stride_doc_b, ROW_SLOT,
+        Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W,
+        Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
+        band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+        HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N,
+        USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA)
+
+
+@triton.jit
+def _dkdv_program(w, bh, Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    stride_dqb, stride_dqh, stride_dqm,
+    Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, BITS, DOC, stride_doc_b, ROW_SLOT,
+    Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W,
+    Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
+    band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """dK and dV of work item ``w`` (a key sub-tile and a chunk of its column) for batch * KV head ``bh``."""
     # ---- work item: key sub-tile, which chunk of its column, where the result goes --------------------------
-    w = tl.program_id(0)
-    bh = tl.program_id(1)
     b = bh // Hkv
     hkv = bh % Hkv
     n_sub = tl.load(WORK + w * 3)  # kernel key sub-tile
@@ -245,8 +277,34 @@ def dq_kernel(
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
+    """One program per (query sub-tile or split task, batch * query head): :func:`_dq_program`."""
+    _dq_program(
+        tl.program_id(0), tl.program_id(1),
+        Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_cap, desc_q, desc_k, desc_v, desc_do,
+        stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+        stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+        stride_dqb, stride_dqh, stride_dqm,
+        KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT,
+        Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale, scale_log2,
+        band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+        HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N,
+        USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, DOT_PRECISION, USE_FN, SPLIT, USE_TMA)
+
+
+@triton.jit
+def _dq_program(pid, bh, Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_cap, desc_q, desc_k, desc_v, desc_do,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+    stride_dqb, stride_dqh, stride_dqm,
+    KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT,
+    Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale, scale_log2,
+    band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """dQ of query sub-tile (or split task) ``pid`` for batch * query head ``bh``."""
     if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)
         if pid >= tl.load(N_TASKS):
             return  # an empty slot of the fixed-capacity task list
@@ -309,6 +367,72 @@ def dq_kernel(
             tl.store(dq_ptrs + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
     else:
         tl.store(dq_ptrs + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
+
+
+@triton.heuristics({
+    "USE_BITS": lambda a: a["BITS"] is not None,
+    "HAS_DOC": lambda a: a["DOC"] is not None,
+    "HAS_SINKS": lambda a: a["sink_n"] > 0,
+    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
+    "USE_FN": lambda a: a["MASK_FN"] is not None,
+    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
+    "USE_TMA": lambda a: a["desc_q"] is not None,
+})
+@triton.jit
+def bwd_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,
+    dq_desc_q, dq_desc_k, dq_desc_v, dq_desc_do,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    stride_dqb, stride_dqh, stride_dqm,
+    Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
+    BITS, DOC, stride_doc_b, ROW_SLOT,
+    Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W, FW,
+    Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws, n_items, n_dq_m,
+    band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
+    USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """Both passes of the deterministic backward in one launch (FlexAttention's layout of the work): on the
+    grid ``(n_items + group * n_dq_m, batch * KV heads)``, the first ``n_items`` programs of a KV head are
+    its dK/dV work items (:func:`_dkdv_program`, tiles ``BLOCK_M x BLOCK_N``), the others the dQ rows of
+    its GQA group's query heads (:func:`_dq_program`, tiles ``DQ_BLOCK_M x DQ_BLOCK_N``, with their own
+    tensor descriptors ``dq_desc_*``). The two kinds share no output, so the result is bitwise that of the two
+    kernels launched apart; what one launch saves is the second launch's host work and the cross-stream
+    fork and join that let dQ programs fill the dK/dV pass's tail."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    if pid < n_items:
+        _dkdv_program(
+            pid, bh, Q, K, V, DO, LSE, DELTA, DK, DV, None, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,
+            stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+            stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+            stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+            0, 0, 0,
+            Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, BITS, DOC, stride_doc_b, ROW_SLOT,
+            Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W,
+            Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
+            band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+            HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N,
+            USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, False, DOT_PRECISION, USE_FN, USE_TMA)
+    else:
+        j = pid - n_items
+        b = bh // Hkv
+        hq = (bh % Hkv) * group + j // n_dq_m  # a query head of this KV head's group
+        _dq_program(
+            j % n_dq_m, b * Hq + hq,
+            Q, K, V, DO, LSE, DELTA, DQ, None, None, None, 0, dq_desc_q, dq_desc_k, dq_desc_v, dq_desc_do,
+            stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+            stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+            stride_dqb, stride_dqh, stride_dqm,
+            KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, BITS, DOC, stride_doc_b, ROW_SLOT,
+            Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale, scale_log2,
+            band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+            HEAD_DIM, BLOCK_Q, BLOCK_K, DQ_BLOCK_M, DQ_BLOCK_N,
+            USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, DOT_PRECISION, USE_FN, False, USE_TMA)
 
 
 @triton.jit

@@ -212,10 +212,8 @@ def row_order(layout: BlockLayout, block_m: int) -> torch.Tensor:
     another for rows of equal length. No device work per call, and a captured graph keeps it."""
     n_m = math.ceil(layout.q_len / block_m)
     if layout.dynamic:
-        key = ("reverse_order", n_m, layout.device)
-        if key not in _SHAPE_PLANS:
-            _SHAPE_PLANS[key] = torch.arange(n_m - 1, -1, -1, device=layout.device, dtype=torch.int32)
-        return _SHAPE_PLANS[key]
+        return shape_plan(("reverse_order", n_m, layout.device),
+                          lambda: torch.arange(n_m - 1, -1, -1, device=layout.device, dtype=torch.int32))
 
     def build():
         work = (layout.kv_count + layout.full_count).sum(dim=(0, 1))  # [nq]
@@ -228,6 +226,16 @@ def row_order(layout: BlockLayout, block_m: int) -> torch.Tensor:
 #: sequence length is a new key)
 _SHAPE_PLANS: dict = {}
 _MAX_SHAPE_PLANS = 1024
+
+
+def shape_plan(key, build):
+    """``build()`` once per ``key`` (a plan that depends on shapes only, shared by every layout of them)."""
+    plan = _SHAPE_PLANS.get(key)
+    if plan is None:
+        if len(_SHAPE_PLANS) >= _MAX_SHAPE_PLANS:
+            _SHAPE_PLANS.clear()
+        plan = _SHAPE_PLANS[key] = build()
+    return plan
 
 def layout_tables(layout: BlockLayout) -> dict:
     """The prefill launch arguments that hold a layout's own tables, as callables giving this layout's
@@ -265,17 +273,12 @@ def dynamic_plan(layout: BlockLayout, key, build, tables: dict) -> tuple:
         plan = build()
         return ({k: None if isinstance(v, Static) else v for k, v in plan.items()},
                 {k: dict(v) for k, v in plan.items() if isinstance(v, Static)})
-    full_key = (key, shape)
-    entry = _SHAPE_PLANS.get(full_key)
-    if entry is None:
+    def strip():
         plan = build()
         names = {k: tuple(a for a in v if a in tables) for k, v in plan.items() if isinstance(v, Static)}
-        plan = {k: Static({a: x for a, x in v.items() if a not in tables}) if isinstance(v, Static) else v
-                for k, v in plan.items()}
-        if len(_SHAPE_PLANS) >= _MAX_SHAPE_PLANS:
-            _SHAPE_PLANS.clear()
-        entry = _SHAPE_PLANS[full_key] = (plan, names)
-    plan, names = entry
+        return {k: Static({a: x for a, x in v.items() if a not in tables}) if isinstance(v, Static) else v
+                for k, v in plan.items()}, names
+    plan, names = shape_plan((key, shape), strip)
     values = {a: tables[a]() for a in set().union(*names.values())}
     return plan, {k: {a: values[a] for a in ns} for k, ns in names.items()}
 
@@ -358,27 +361,26 @@ def elapsed_ms(entry) -> float:
     return start.elapsed_time(end)
 
 
-def launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, stream=None, **kwargs):
-    """Launch as :func:`_launch` does; inside :func:`timed_launches`, also record the launch's start and end.
-    ``stream``: a CUDA stream to launch on instead of the current one."""
+def launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **kwargs):
+    """Launch as :func:`_launch` does; inside :func:`timed_launches`, also record the launch's start and end."""
     if _TIMED is None:
-        return _launch(kernel, grid, num_stages=num_stages, static=static, stream=stream, **kwargs)
+        return _launch(kernel, grid, num_stages=num_stages, static=static, **kwargs)
     import time
     timed = _TIMED
     name = getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
     cuda = not _runtime.is_interpreter()
     start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
     if cuda:
-        start.record(stream)
-    out = _launch(kernel, grid, num_stages=num_stages, static=static, stream=stream, **kwargs)
+        start.record()
+    out = _launch(kernel, grid, num_stages=num_stages, static=static, **kwargs)
     end = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
     if cuda:
-        end.record(stream)
+        end.record()
     timed.append((name, start, end))
     return out
 
 
-def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, stream=None, **kwargs):
+def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, **kwargs):
     """``kernel[grid](**static, **kwargs)``; if the tile config needs more shared memory than the GPU has (the
     bit-mask path adds a buffer), retry with fewer pipeline stages. On the GPU, a call whose arguments
     specialise as an earlier call's did skips Triton's argument binding (:mod:`sparseattn._fast_launch`; ``static``:
@@ -388,8 +390,7 @@ def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, s
         return _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs})
     kwargs["num_stages"] = num_stages
     return _fast_launch.launch(kernel, grid, static, kwargs,
-                               lambda: _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs}),
-                               stream)
+                               lambda: _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs}))
 
 
 #: ``(kernel name, stages now tried)`` each time a launch retried with fewer pipeline stages for lack of shared

@@ -72,39 +72,41 @@ def column_work(layout: BlockLayout, block_n: int, chunk: Optional[int] = None, 
     return layout.plan(("column_work", block_n, chunk, programs), build)
 
 
-#: a dynamic layout's longest key sub-tiles (by this call's lists) split into chunks; a shape-only count, so
-#: the plan's size and its workspace are fixed for a captured graph
+#: how many key sub-tiles of a dynamic layout are split into chunks (the first ones); a shape-only count, so the
+#: plan's size and its workspace are fixed for a captured graph
 DYNAMIC_SPLIT_COLUMNS = 8
 
 
 def dynamic_column_work(layout: BlockLayout, block_n: int) -> ColumnWork:
-    """The dK/dV plan of a dynamic layout, built on the device without a host sync and with a shape-only size
-    (a captured graph replays it with new lists): the :data:`DYNAMIC_SPLIT_COLUMNS` longest key sub-tiles of
-    this call's lists are each cut into ``ceil(nq / chunk)`` chunks -- enough for a column every row lists, as
-    routing's sink blocks are -- with a workspace slot per chunk, summed in chunk order afterwards (chunks past
-    a column's end add zeros); the others stay whole. ``chunk`` is twice the mean column length the row
-    capacity allows, at least 8. Items are ordered split chunks first, then whole columns longest first.
-    Without the split, a routed layout's sink column (every query tile of every query head of the GQA group)
-    was one program and the tail of the whole pass."""
-    dev = layout.device
-    t = layout.transposed_lists()
-    totals = (t.q_count + t.full_q_count).amax(dim=(0, 1))  # [nk]
-    sub = layout.block_k // block_n
+    """The dK/dV plan of a dynamic layout, from its shape alone (built once per shape, no device work per call;
+    a captured graph replays it with new lists): the first :data:`DYNAMIC_SPLIT_COLUMNS` key sub-tiles are
+    each cut into ``ceil(nq / chunk)`` chunks -- enough for a column every row lists -- with a workspace slot
+    per chunk, summed in chunk order afterwards (chunks past a column's end add zeros); the others stay whole,
+    in key order. ``chunk`` is twice the mean column length the row capacity allows, at least 8. The first
+    columns are the ones to cut because they are a routed layout's longest: its sink blocks are the first
+    key blocks and every row lists them, and under a causal mask column ``j`` is visible only to rows at or
+    after it. Without the split, the sink column (every query tile of every query head of the GQA group) was
+    one program and the tail of the whole pass. (The plan used to pick this call's longest columns on the
+    device: an argsort and a dozen small launches, 0.2 ms of host time per backward call on the H200 box.)"""
     n_sub = math.ceil(layout.kv_len / block_n)
-    order = torch.argsort(totals.repeat_interleave(sub)[:n_sub], descending=True, stable=True)
     size = max(8, 2 * math.ceil(layout.nq * (layout.width + layout.full_width) / layout.nk))
     per = math.ceil(layout.nq / size)  # chunks of a split column
     R = min(n_sub, DYNAMIC_SPLIT_COLUMNS) if per > 1 else 0
-    if R == 0:
-        work = torch.stack([order, torch.zeros_like(order), torch.full_like(order, -1)], 1).to(torch.int32)
-        return ColumnWork(work.contiguous(), 0, torch.zeros(0, 3, dtype=torch.int32, device=dev), layout.nq)
-    long, short = order[:R], order[R:]
-    slots = torch.arange(R * per, device=dev)
-    split = torch.stack([long.repeat_interleave(per), slots % per, slots], 1)  # [R * per, 3]
-    whole = torch.stack([short, torch.zeros_like(short), torch.full_like(short, -1)], 1)
-    work = torch.cat([split, whole]).to(torch.int32).contiguous()
-    reduce = torch.stack([long, torch.arange(R, device=dev) * per, torch.full_like(long, per)], 1)
-    return ColumnWork(work, R * per, reduce.to(torch.int32).contiguous(), size)
+
+    def build() -> ColumnWork:
+        dev = layout.device
+        order = torch.arange(n_sub, device=dev)
+        if R == 0:
+            work = torch.stack([order, torch.zeros_like(order), torch.full_like(order, -1)], 1).to(torch.int32)
+            return ColumnWork(work.contiguous(), 0, torch.zeros(0, 3, dtype=torch.int32, device=dev), layout.nq)
+        long, short = order[:R], order[R:]
+        slots = torch.arange(R * per, device=dev)
+        split = torch.stack([long.repeat_interleave(per), slots % per, slots], 1)  # [R * per, 3]
+        whole = torch.stack([short, torch.zeros_like(short), torch.full_like(short, -1)], 1)
+        work = torch.cat([split, whole]).to(torch.int32).contiguous()
+        reduce = torch.stack([long, torch.arange(R, device=dev) * per, torch.full_like(long, per)], 1)
+        return ColumnWork(work, R * per, reduce.to(torch.int32).contiguous(), size)
+    return L.shape_plan(("dynamic_column_work", n_sub, R, per, size, layout.device), build)
 
 
 class DqSplit(NamedTuple):
@@ -153,8 +155,8 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
         L.dynamic_plan(layout, key, build, _dynamic_tables(layout, cfg.block_n))
     plan = st["plan"]  # for a dynamic layout, only its shape-only sizes are read here
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)  # rowsum(dO * O)
-    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], static=st["delta"], **per_call.get("delta", {}), O=o, DO=do, DELTA=delta,
-             num_stages=1)
+    L.launch(prefill_bwd.delta_kernel, st["delta_grid"], static=st["delta"], **per_call.get("delta", {}), O=o,
+             DO=do, DELTA=delta, num_stages=1)
     if plan.n_ws:
         ws_k = torch.empty(B * Hkv, plan.n_ws, cfg.block_n, D, device=q.device, dtype=torch.float32)
         ws_v = torch.empty_like(ws_k)
@@ -164,38 +166,43 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     tensors = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta)
     tma = st["tma"] and L.tma_ok(q, k, v, do)  # each call checks its tensors' alignment
     split = None if not deterministic or cfg.dq_split is None else dq_split_launch(
-        layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D, q.device)  # its plan is ready before the fork below
-    # the dQ pass needs only Δ (and the plan): forked here, before the dK/dV launch, onto a side stream
-    side = _runtime.side_stream(q.device) if deterministic and cfg.overlap and q.is_cuda else None
-    if side is not None:
-        current = torch.cuda.current_stream(q.get_device())
-        fork, join = _runtime.fork_events(q.device)
-        fork.record(current)
-        side.wait_event(fork)
-    L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], static=st["dkdv"], **per_call.get("dkdv", {}), DK=dk, DV=dv,
-             DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors, **_descriptors(q, k, v, do, cfg.block_m, cfg.block_n, tma),
-             num_stages=cfg.num_stages)
+        layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D, q.device)
+    if one_launch(cfg, deterministic):  # the dQ programs in the dK/dV pass's grid
+        L.launch(prefill_bwd.bwd_kernel, st["fused_grid"], static=st["fused"], **per_call.get("fused", {}),
+                 DK=dk, DV=dv, DQ=dq, WS_K=ws_k, WS_V=ws_v, **tensors,
+                 **_descriptors(q, k, v, do, cfg.block_m, cfg.block_n, tma),
+                 **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma, prefix="dq_desc_"),
+                 num_stages=cfg.num_stages)
+    else:
+        L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], static=st["dkdv"], **per_call.get("dkdv", {}), DK=dk,
+                 DV=dv, DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors,
+                 **_descriptors(q, k, v, do, cfg.block_m, cfg.block_n, tma), num_stages=cfg.num_stages)
     if plan.reduce.shape[0]:  # fixed-order sum of the chunks of split columns (no host sync)
-        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], static=st["reduce"], **per_call.get("reduce", {}),
-                 WS_K=ws_k, WS_V=ws_v, DK=dk, DV=dv, num_stages=1)
+        L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], static=st["reduce"],
+                 **per_call.get("reduce", {}), WS_K=ws_k, WS_V=ws_v, DK=dk, DV=dv, num_stages=1)
     if not deterministic:
         return (dq_acc * scale).to(q.dtype), dk, dv
+    if one_launch(cfg, deterministic):
+        return dq, dk, dv
     tasks = dict(TASKS=None, N_TASKS=None, WS_DQ=None, ws_cap=0) if split is None else dict(
         TASKS=split.plan.tasks, N_TASKS=split.plan.n_tasks, WS_DQ=split.ws, ws_cap=split.ws.shape[1])
     grid0 = math.ceil(Lq / cfg.dq_block_m) if split is None else split.plan.capacity
-    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), static=st["dq"], **per_call.get("dq", {}), **tasks, DQ=dq, **tensors,
-             **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma), num_stages=cfg.dq_stages,
-             stream=side)
+    L.launch(prefill_bwd.dq_kernel, (grid0, B * Hq), static=st["dq"], **per_call.get("dq", {}), **tasks, DQ=dq,
+             **tensors, **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma), num_stages=cfg.dq_stages)
     if split is not None and split.plan.ws_capacity:  # no split row possible: every task wrote dQ itself
         block_d = min(D, 64)
         L.launch(prefill_bwd.dq_reduce_kernel, (split.plan.merge_capacity, B * Hq, D // block_d),
                  WS_DQ=split.ws, MERGE=split.plan.merge, N_MERGE=split.plan.n_merge, DQ=dq,
                  **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
-                 HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1, stream=side)
-    if side is not None:  # joined before anything reads dq or frees Δ and the workspaces
-        join.record(side)
-        current.wait_event(join)
+                 HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
     return dq, dk, dv
+
+
+def one_launch(cfg: BwdConfig, deterministic: bool) -> bool:
+    """Whether the deterministic backward runs its dK/dV and dQ programs in one launch (``bwd_kernel``): asked
+    for (``overlap``), one program per dQ row (no ``dq_split``) and one launch config for both passes."""
+    return deterministic and cfg.overlap and cfg.dq_split is None and cfg.dq_warps == cfg.num_warps \
+        and cfg.dq_stages == cfg.num_stages
 
 
 @functools.lru_cache(maxsize=None)
@@ -213,12 +220,13 @@ def _dynamic_tables(layout: BlockLayout, block_n: int) -> dict:
             "FULL_Q_INDEX": lambda: t.full_q_index, "WORK": lambda: work.work, "REDUCE": lambda: work.reduce}
 
 
-def _descriptors(q, k, v, do, block_m: int, block_n: int, tma: bool) -> dict:
-    """One pass's tensor descriptors: Q and dO in ``block_m`` rows, K and V in ``block_n`` rows (the pass's
-    kernel tiles), or all None (the kernels' pointer path)."""
+def _descriptors(q, k, v, do, block_m: int, block_n: int, tma: bool, prefix: str = "desc_") -> dict:
+    """One pass's tensor descriptors (``<prefix>q``, ...): Q and dO in ``block_m`` rows, K and V in ``block_n``
+    rows (the pass's kernel tiles), or all None (the kernels' pointer path)."""
     if not tma:
-        return dict(desc_q=None, desc_k=None, desc_v=None, desc_do=None)
-    return L.tensor_descriptors(q.shape[-1], q=(q, block_m), k=(k, block_n), v=(v, block_n), do=(do, block_m))
+        return {prefix + n: None for n in ("q", "k", "v", "do")}
+    descs = L.tensor_descriptors(q.shape[-1], q=(q, block_m), k=(k, block_n), v=(v, block_n), do=(do, block_m))
+    return {prefix + name[len("desc_"):]: d for name, d in descs.items()}
 
 
 def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float, deterministic: bool,
@@ -253,9 +261,16 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
         **L.strides("dq", dq, "m"), KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index,
         FULL_COUNT=layout.full_count, FULL_INDEX=layout.full_index, FW=layout.full_width, **common,
         BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, num_warps=cfg.dq_warps)
+    fused, fused_grid = None, None
+    if dq is not None and one_launch(cfg, deterministic):
+        n_dq_m = math.ceil(Lq / cfg.dq_block_m)
+        fused = L.Static({**dq_kw, **dkdv, **L.strides("dq", dq, "m"), "DQ_BLOCK_M": cfg.dq_block_m,
+                          "DQ_BLOCK_N": cfg.dq_block_n, "n_items": plan.work.shape[0], "n_dq_m": n_dq_m})
+        fused_grid = (plan.work.shape[0] + heads["group"] * n_dq_m, B * Hkv)
     delta_m = 64
     tma = L.tma_allowed(cfg.tma, q.device, in_interpreter=False)  # the interpreter keeps pointers unless asked
     return dict(plan=plan, tma=tma, dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
+                fused=fused, fused_grid=fused_grid,
                 reduce=reduce, reduce_grid=(plan.reduce.shape[0], B * Hkv, D // block_d),
                 delta=L.Static(**{f"stride_o{n}": o.stride(i) for i, n in enumerate("bhm")},
                                **{f"stride_do{n}": do.stride(i) for i, n in enumerate("bhm")},

@@ -67,10 +67,12 @@ class BwdConfig:
     ``FwdConfig.tma``: None loads tiles through tensor descriptors (TMA) in both passes on a GPU that has them
     (Hopper and later) when the strides allow, False never, True also in the Triton interpreter (tests).
 
-    ``overlap`` (deterministic path, CUDA): the dQ pass runs on a side stream next to the dK/dV pass -- the
-    two are independent once Δ is formed, so dQ programs take the SMs that the dK/dV pass's last programs leave
-    idle (FlexAttention puts both kinds of program in one launch for the same reason). Outputs are the same bits
-    either way; False runs the passes back to back."""
+    ``overlap`` (deterministic path): the dQ programs run in the dK/dV pass's launch -- one grid whose first
+    programs of each KV head are its dK/dV work items and the rest its group's dQ rows (FlexAttention's layout
+    of the work), so dQ programs take the SMs the dK/dV pass's last programs leave idle, with one launch's host
+    work. It needs one launch config for both passes (``dq_num_warps``/``dq_num_stages`` None or equal to the
+    dK/dV pass's) and ``dq_split`` None; otherwise, and with False, the passes are two launches back to back.
+    Outputs are the same bits either way."""
     block_m: int
     block_n: int
     dq_block_m: int

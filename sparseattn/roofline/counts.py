@@ -39,6 +39,7 @@ from .._checks import check_int
 from ..layout import BlockLayout
 from ..ops import BwdConfig, DecodeConfig, FwdConfig, column_work, decode_programs_per_sm, decode_splits
 from ..ops import mask_path_name
+from ..ops.backward import one_launch
 
 __all__ = ["Shape", "KernelWork", "TorchOpWork", "Work", "as_shape", "element_size", "fwd_work", "bwd_work",
            "decode_work", "DecodeInput", "decode_input"]
@@ -168,6 +169,9 @@ class Work:
     kernels: List[KernelWork]
     torch_ops: List[TorchOpWork] = field(default_factory=list)
     config: object = None
+    #: kernels that run inside another's launch (the backward's dQ programs in ``bwd_kernel``): priced as
+    #: their own work, back to back, but with no launch of their own
+    shared_launches: int = 0
 
     @property
     def flops(self) -> float:
@@ -200,7 +204,7 @@ class Work:
 
     @property
     def launches(self) -> int:
-        return len(self.kernels) + sum(op.launches for op in self.torch_ops)
+        return len(self.kernels) - self.shared_launches + sum(op.launches for op in self.torch_ops)
 
 
 # ---- shared pieces -------------------------------------------------------------------------------------------
@@ -501,6 +505,8 @@ def bwd_work(layout: BlockLayout, shape, config: BwdConfig, deterministic: bool 
               "bits": f.hbm["bits"], "doc": f.hbm["doc"]}
         kernels.append(KernelWork("dq_kernel", f.grid, f.steps_full, f.steps_partial, 3 * 2.0 * dBM * dBN * D, 3,
                                   req, hb))
+        if one_launch(config, deterministic):  # the dQ programs run in the dK/dV launch (bwd_kernel)
+            return Work("bwd", kernels, ops, config, shared_launches=1)
     else:
         n = s.B * s.Hq * Lq * D
         ops.insert(0, TorchOpWork("dq_zero", 1, {"dq": n * 4.0}))

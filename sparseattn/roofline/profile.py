@@ -26,7 +26,7 @@ import torch
 __all__ = ["StepProfile", "profile_step", "KERNEL_PATTERNS", "ROUTE_PATTERNS", "bucket_of", "busy_ms",
            "example_steps"]
 
-KERNEL_PATTERNS = (r"sparse_fwd_kernel", r"dkdv_kernel", r"dq_kernel", r"decode_split_kernel",
+KERNEL_PATTERNS = (r"sparse_fwd_kernel", r"dkdv_kernel", r"dq_kernel", r"bwd_kernel", r"decode_split_kernel",
                    r"merge_splits_kernel")
 ROUTE_PATTERNS = (r"page_bound_kernel", r"topk_pages_kernel")
 

@@ -139,6 +139,18 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
         yield prefill_bwd.dq_kernel, {**dq, **descriptors(128, 64)}, ("scale", "scale_log2"), dict(
             HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, TASKS=None, N_TASKS=None, WS_DQ=None,
             **mask)
+    if backward:  # both passes in one launch (BwdConfig.overlap), with and without tensor descriptors
+        fused = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, DQ=BF16, WS_K=F32,
+                     WS_V=F32, Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32,
+                     KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32, FULL_INDEX=I32, **extra)
+        shapes = dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, DQ_BLOCK_M=128, DQ_BLOCK_N=64)
+        yield prefill_bwd.bwd_kernel, fused, ("scale", "scale_log2"), dict(
+            **shapes, **mask, **NO_DESC, dq_desc_q=None, dq_desc_k=None, dq_desc_v=None, dq_desc_do=None), \
+            dict(num_warps=8, num_stages=3)
+        if tma:
+            dq_descs = {"dq_" + n: t for n, t in descriptors(128, 64).items()}
+            yield prefill_bwd.bwd_kernel, {**fused, **descriptors(64, 128), **dq_descs}, ("scale", "scale_log2"), \
+                dict(**shapes, **mask), dict(num_warps=8, num_stages=3)
     if backward and split:  # the split dQ pass (BwdConfig.dq_split): tasks of balance.plan, float32 partial dQ
         yield prefill_bwd.dq_kernel, {**dq, "TASKS": I32, "N_TASKS": I32, "WS_DQ": F32}, ("scale", "scale_log2"), \
             dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask, **NO_DESC)

@@ -125,9 +125,17 @@ def main(out_dir: str) -> str:
     except Exception as e:  # noqa: BLE001
         C.note(f"flex: {type(e).__name__}: {str(e)[:200]}")
     # ours, backward
+    from sparseattn.ops import attention as A
     o = sa.sparse_attention(qg, kg, vg, lay)
-    add("ours bwd (autograd)", Impl.OURS, Pass.BWD,
-        host_us(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True), "cuda", CALLS))
+    us, stages = staged(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True),
+                        [(A, "backward", "op backward inside autograd"), (B.L, "launch")])
+    add("ours bwd (autograd)", Impl.OURS, Pass.BWD, us, stages)
+    rl0 = sa.route(q, k, 128, 128, topk=4, causal=True)
+    o_r = sa.sparse_attention(qg, kg, vg, rl0)
+    us, stages = staged(lambda: torch.autograd.grad(o_r, (qg, kg, vg), do, retain_graph=True),
+                        [(A, "backward", "op backward inside autograd"), (B.L, "launch"),
+                         (B, "dynamic_column_work"), (B.L, "dynamic_plan")])
+    add("ours bwd routed top4 (autograd)", Impl.OURS, Pass.BWD, us, stages)
     with torch.no_grad():
         od, lse = P.forward(q, k, v, lay, scale, None, None)
     cfg = B.bwd_config(q, lay)
@@ -140,7 +148,7 @@ def main(out_dir: str) -> str:
         add(f"ours bwd {name}", Impl.OURS, Pass.BWD, us, stages)
     # ours, forward: static and routed layouts
     rl = sa.route(q, k, 128, 128, topk=4, causal=True)
-    fw = [(P.L, "launch"), (P.L, "tensor_descriptors"), (P.L, "row_order"), (P, "_static_kwargs"),
+    fw = [(P.L, "launch"), (P.L, "tensor_descriptors"), (P.L, "dynamic_plan"), (P, "_static_kwargs"),
           (P.L, "tma_ok"), (torch, "empty"), (torch, "empty_like")] + _launch_internals()
     for name, l in (("static window1024", lay), ("routed top4", rl)):
         add(f"ours fwd {name} (op)", Impl.OURS, Pass.FWD,
