@@ -65,7 +65,10 @@ class BwdConfig:
     the dK/dV pass's values). The two passes hold different tiles resident, so their best launch configs differ
     (``python -m sparseattn.bench backward --sweep`` times each pass's configs separately). ``tma`` as
     ``FwdConfig.tma``: None loads tiles through tensor descriptors (TMA) in both passes on a GPU that has them
-    (Hopper and later) when the strides allow, False never, True also in the Triton interpreter (tests).
+    (Hopper and later) when the strides allow -- except eager calls smaller than
+    :data:`sparseattn.ops.backward.TMA_MIN_PAIRS` visited tile pairs, whose host time the descriptors would
+    raise by more than they save on the device (a CUDA-graph capture always takes them) -- False never, True
+    always, also in the Triton interpreter (tests).
 
     ``overlap`` (deterministic path): the dQ programs run in the dK/dV pass's launch -- one grid whose first
     programs of each KV head are its dK/dV work items and the rest its group's dQ rows (FlexAttention's layout
