@@ -113,7 +113,7 @@ def dynamic_column_work(layout: BlockLayout, block_n: int) -> ColumnWork:
 #: visited tile pairs (summed over batch x query heads) up; a CUDA-graph capture always does. Tensor
 #: descriptors cost host time at every eager call (eight built, encoded into tensor maps and passed to the
 #: launch: on the H200 box 273 us against 157 us without them for the whole op, window 1024 at N = 2k, 16
-#: heads; ``checks/host-stages-h200.json``) and save device time in proportion to the work (10-25% of the
+#: heads; ``checks/host-stages-3-h200.json``) and save device time in proportion to the work (10-25% of the
 #: backward at N = 32k, perf notes): at ~64 ns per tile pair the saving passes the host cost near 0.7 ms of
 #: device time, ~11k pairs. Below that an eager call is host-bound and the pointer path is the faster call.
 TMA_MIN_PAIRS = 12_000

@@ -11,6 +11,11 @@ For window 1024 at N = 2048 (B=1, H=16, D=128, bf16) it records host microsecond
 * each stage of the direct call (time inside every kernel launch, the tensor descriptors, the stream fork
   and join, allocations) as the share of the direct call they take;
 * our forward on a static and on a routed (dynamic) layout, with the same stage split.
+
+Recorded three times on 2026-12-01 (H200): ``host-stages-1-h200.json`` on c23a5da (backward with five launches
+and a side stream), ``-2`` after the raw launcher entry, the kept fork/join events and the shape-keyed plans of
+dynamic layouts, ``-3`` after the one-launch backward. Host times move by a third between runs (the autograd
+floor read 114, 88 and 113 us): compare rows within one file.
 """
 import collections
 import os
