@@ -7,7 +7,6 @@ never sets it by hand.
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 

@@ -6,8 +6,23 @@ tensors already shaped for the caller's orientation — ``[M, 1]`` and ``[1, N]`
 passes, ``[1, M]`` and ``[N, 1]`` for the dK/dV pass (which works on transposed tiles) — and returns an
 allowed-mask of the broadcast shape, so no tile is ever transposed in registers.
 """
+import torch
 import triton
 import triton.language as tl
+
+
+#: The ``@triton.heuristics`` flags every prefill kernel derives from its mask and load arguments (one home
+#: for the forward, both backward passes and the one-launch backward): which mask path its partial tiles take,
+#: whether it loads through tensor descriptors, and the dot precision of its dtype.
+PREFILL_FLAGS = {
+    "USE_BITS": lambda a: a["BITS"] is not None,
+    "HAS_DOC": lambda a: a["DOC"] is not None,
+    "HAS_SINKS": lambda a: a["sink_n"] > 0,
+    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
+    "USE_FN": lambda a: a["MASK_FN"] is not None,
+    "USE_TMA": lambda a: a["desc_q"] is not None,
+    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
+}
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
 LN2 = tl.constexpr(0.6931471805599453)  # back to the natural-log LSE every op returns

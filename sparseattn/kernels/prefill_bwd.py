@@ -23,12 +23,11 @@ when ``desc_q`` is given; Hopper and later) the copy engine fetches the rows and
 end; without them (``desc_*`` None: older GPUs, the interpreter by default) plain masked loads. The dK/dV pass
 loads K/V once per program and Q/dO at every step; the dQ pass loads Q/dO once and K/V at every step.
 """
-import torch
 import triton
 import triton.language as tl
 
-from ._common import (doc_ids, doc_row, load_lse_base2, load_merge_entry, load_rows, load_task, row_slot_base,
-                      row_slot_rows, row_tile_mask, tile_mask)
+from ._common import (PREFILL_FLAGS, doc_ids, doc_row, load_lse_base2, load_merge_entry, load_rows, load_task,
+                      row_slot_base, row_slot_rows, row_tile_mask, tile_mask)
 
 
 @triton.jit
@@ -85,16 +84,7 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, l
     return b_dk, b_dv
 
 
-@triton.heuristics({
-    "USE_BITS": lambda a: a["BITS"] is not None,
-    "HAS_DOC": lambda a: a["DOC"] is not None,
-    "HAS_SINKS": lambda a: a["sink_n"] > 0,
-    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
-    "USE_FN": lambda a: a["MASK_FN"] is not None,
-    "ATOMIC_DQ": lambda a: a["DQ_ACC"] is not None,
-    "USE_TMA": lambda a: a["desc_q"] is not None,
-    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
-})
+@triton.heuristics({**PREFILL_FLAGS, "ATOMIC_DQ": lambda a: a["DQ_ACC"] is not None})
 @triton.jit
 def dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,
@@ -253,16 +243,7 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, desc_k, desc_v, b, hkv, k_base, v
     return b_dq
 
 
-@triton.heuristics({
-    "USE_BITS": lambda a: a["BITS"] is not None,
-    "HAS_DOC": lambda a: a["DOC"] is not None,
-    "HAS_SINKS": lambda a: a["sink_n"] > 0,
-    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
-    "USE_FN": lambda a: a["MASK_FN"] is not None,
-    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
-    "SPLIT": lambda a: a["TASKS"] is not None,
-    "USE_TMA": lambda a: a["desc_q"] is not None,
-})
+@triton.heuristics({**PREFILL_FLAGS, "SPLIT": lambda a: a["TASKS"] is not None})
 @triton.jit
 def dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_cap, desc_q, desc_k, desc_v, desc_do,
@@ -369,15 +350,7 @@ def _dq_program(pid, bh, Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_
         tl.store(dq_ptrs + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
 
 
-@triton.heuristics({
-    "USE_BITS": lambda a: a["BITS"] is not None,
-    "HAS_DOC": lambda a: a["DOC"] is not None,
-    "HAS_SINKS": lambda a: a["sink_n"] > 0,
-    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
-    "USE_FN": lambda a: a["MASK_FN"] is not None,
-    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
-    "USE_TMA": lambda a: a["desc_q"] is not None,
-})
+@triton.heuristics(PREFILL_FLAGS)
 @triton.jit
 def bwd_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,

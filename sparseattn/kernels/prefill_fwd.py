@@ -10,12 +10,11 @@ full tiles (no mask work), through one inner-loop helper with a ``MASKED`` flag.
 running max ``m_i``, running sum ``l_i`` and an unnormalised accumulator ``acc``; one division at the end.
 Writes O and the natural-log LSE (float32).
 """
-import torch
 import triton
 import triton.language as tl
 
-from ._common import (doc_ids, doc_row, finalize, load_rows, load_task, online_softmax_step, row_slot_base,
-                      row_slot_rows, row_tile_mask)
+from ._common import (PREFILL_FLAGS, doc_ids, doc_row, finalize, load_rows, load_task, online_softmax_step,
+                      row_slot_base, row_slot_rows, row_tile_mask)
 
 
 @triton.jit
@@ -62,17 +61,8 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
     return acc, m_i, l_i
 
 
-@triton.heuristics({
-    "USE_BITS": lambda a: a["BITS"] is not None,
-    "HAS_DOC": lambda a: a["DOC"] is not None,
-    "HAS_SINKS": lambda a: a["sink_n"] > 0,
-    "HAS_ROW_SLOT": lambda a: a["ROW_SLOT"] is not None,
-    "USE_FN": lambda a: a["MASK_FN"] is not None,
-    "USE_TMA": lambda a: a["desc_q"] is not None,
-    "EVEN_K": lambda a: a["Lk"] % a["BLOCK_K"] == 0,
-    "DOT_PRECISION": lambda a: "ieee" if a["Q"].dtype == torch.float32 else "tf32",
-    "SPLIT": lambda a: a["TASKS"] is not None,
-})
+@triton.heuristics({**PREFILL_FLAGS, "EVEN_K": lambda a: a["Lk"] % a["BLOCK_K"] == 0,
+                    "SPLIT": lambda a: a["TASKS"] is not None})
 @triton.jit
 def sparse_fwd_kernel(
     Q, K, V, O, LSE, desc_q, desc_k, desc_v,
