@@ -114,3 +114,25 @@ def test_one_launch_backward_is_bitwise_the_two_launch_backward():
                     assert ((g.double() - w).norm() / w.norm()).item() < 1e-4
     finally:
         L.launch = real
+
+
+def test_small_eager_calls_keep_pointer_loads():
+    """``tma=None``: an eager call with fewer visited tile pairs than ``TMA_MIN_PAIRS[pass]`` (over batch x query
+    heads; a dynamic layout counts its capacity) keeps pointer loads on a GPU; ``tma=True``/``False`` and the
+    interpreter are not affected."""
+    from types import SimpleNamespace
+    window = BlockLayout.from_mask_mod(P.sliding_window(1024), 2048, 2048, 128, 128)  # 108 listed tiles
+    gpu = lambda B, H: SimpleNamespace(is_cuda=True, shape=(B, H, 2048, 128))  # noqa: E731
+    tiles = int(window.kv_count.sum() + window.full_count.sum())
+    for pass_, limit in L.TMA_MIN_PAIRS.items():
+        heads_below = (limit - 1) // tiles
+        assert L.too_small_for_tma(pass_, None, window, gpu(1, heads_below))
+        assert not L.too_small_for_tma(pass_, None, window, gpu(1, heads_below + 1))
+        assert not L.too_small_for_tma(pass_, True, window, gpu(1, 1))
+        assert not L.too_small_for_tma(pass_, False, window, gpu(1, 1))
+        assert not L.too_small_for_tma(pass_, None, window, torch.zeros(1, 1, 2048, 128))  # not on a GPU
+    routed = sa.route(torch.randn(1, 2, 2048, 16), torch.randn(1, 2, 2048, 16), 128, 128, topk=4)
+    capacity = routed.nq * (routed.width + routed.full_width)
+    heads_below = (L.TMA_MIN_PAIRS["bwd"] - 1) // capacity
+    assert L.too_small_for_tma("bwd", None, routed, gpu(1, heads_below))
+    assert not L.too_small_for_tma("bwd", None, routed, gpu(1, heads_below + 1))

@@ -294,6 +294,44 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
     return tma is not False and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+#: With ``tma=None`` in its config, an eager call loads through tensor descriptors only from this many visited
+#: tile pairs (summed over batch x query heads) up; a CUDA-graph capture always does. Descriptors cost host
+#: time at every eager call (built, encoded into tensor maps, passed to the launch) and save device time in
+#: proportion to the work. Backward, measured (``checks/host-stages-3-h200.json``, H200 box, window 1024 at
+#: N = 2k, 16 heads): the op took 273 us of host time with its eight descriptors, 157 without; they save
+#: 10-25% of the backward's device time at N = 32k (perf notes), so at ~64 ns per tile pair they pay from
+#: ~0.7 ms of device work, ~11k pairs. Forward, from the same file's stage split (not an A/B run): its three
+#: descriptors cost ~28 us (built 10, encoded 8, alignment checks 9) and save 5-9% of the forward, which at
+#: ~20 ns per tile pair pays from ~0.4 ms, ~20k pairs. Below these an eager call is host-bound and pointer
+#: loads make the faster call.
+TMA_MIN_PAIRS = {"fwd": 20_000, "bwd": 12_000}
+
+
+def too_small_for_tma(pass_: str, tma: Optional[bool], layout: BlockLayout, q: torch.Tensor) -> bool:
+    """Whether an eager call of ``pass_`` on ``layout`` should keep pointer loads (config ``tma=None``, on a
+    GPU, fewer visited tile pairs than :data:`TMA_MIN_PAIRS`). Built once per launch plan: a static layout's
+    listed tiles, a dynamic layout's capacity."""
+    if tma is not None or not q.is_cuda:
+        return False
+    B, Hq = q.shape[0], q.shape[1]
+    if layout.dynamic:
+        pairs = B * Hq * layout.nq * (layout.width + layout.full_width)
+    else:
+        pairs = float((layout.kv_count + layout.full_count).sum()) * B * Hq / (layout.B * layout.H)
+    return pairs < TMA_MIN_PAIRS[pass_]
+
+
+def call_tma(plan: dict, q: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether this call loads through tensor descriptors: its plan allows them (``plan["tma"]``) and is not
+    too small for them (``plan["small"]``) unless a CUDA graph is being captured (a replay has no host work
+    to pay), and its tensors are aligned for them (checked at every call)."""
+    if not plan["tma"]:
+        return False
+    if plan["small"] and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    return tma_ok(q, *tensors)
+
+
 def tensor_descriptors(head_dim: int, **tiles) -> dict:
     """``desc_<name>`` for each ``name=(tensor, rows)``: a tensor descriptor of the ``[B, H, L, head_dim]``
     tensor loading ``rows`` rows of one head at a time (the forward and both backward passes build theirs here).

@@ -109,16 +109,6 @@ def dynamic_column_work(layout: BlockLayout, block_n: int) -> ColumnWork:
     return L.shape_plan(("dynamic_column_work", n_sub, R, per, size, layout.device), build)
 
 
-#: With ``BwdConfig.tma=None`` an eager backward call loads through tensor descriptors only from this many
-#: visited tile pairs (summed over batch x query heads) up; a CUDA-graph capture always does. Tensor
-#: descriptors cost host time at every eager call (eight built, encoded into tensor maps and passed to the
-#: launch: on the H200 box 273 us against 157 us without them for the whole op, window 1024 at N = 2k, 16
-#: heads; ``checks/host-stages-3-h200.json``) and save device time in proportion to the work (10-25% of the
-#: backward at N = 32k, perf notes): at ~64 ns per tile pair the saving passes the host cost near 0.7 ms of
-#: device time, ~11k pairs. Below that an eager call is host-bound and the pointer path is the faster call.
-TMA_MIN_PAIRS = 12_000
-
-
 class DqSplit(NamedTuple):
     """The split dQ pass: the planner's tasks for ``dq_block_m`` rows and their float32 workspace."""
     plan: balance.Plan
@@ -174,10 +164,7 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
         ws_k = ws_v = _no_workspace(q.device)
     dq_acc = None if deterministic else torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32)
     tensors = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta)
-    # tensor descriptors where allowed, except an eager call too small to pay their host work (a CUDA graph
-    # capture has no host work per replay: it takes them); each call checks its tensors' alignment
-    tma = st["tma"] and (not st["small"] or (q.is_cuda and torch.cuda.is_current_stream_capturing())) \
-        and L.tma_ok(q, k, v, do)
+    tma = L.call_tma(st, q, k, v, do)
     split = None if not deterministic or cfg.dq_split is None else dq_split_launch(
         layout, cfg.dq_block_m, cfg.dq_split, B, Hq, D, q.device)
     if one_launch(cfg, deterministic):  # the dQ programs in the dK/dV pass's grid
@@ -282,11 +269,7 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
         fused_grid = (plan.work.shape[0] + heads["group"] * n_dq_m, B * Hkv)
     delta_m = 64
     tma = L.tma_allowed(cfg.tma, q.device, in_interpreter=False)  # the interpreter keeps pointers unless asked
-    # tile pairs the call visits over batch x query heads (a dynamic layout: its capacity)
-    pairs = B * Hq * layout.nq * (layout.width + layout.full_width) if layout.dynamic else \
-        float((layout.kv_count + layout.full_count).sum()) * B * Hq / (layout.B * layout.H)
-    small = cfg.tma is None and q.is_cuda and pairs < TMA_MIN_PAIRS
-    return dict(plan=plan, tma=tma, small=small, dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
+    return dict(plan=plan, tma=tma, small=L.too_small_for_tma("bwd", cfg.tma, layout, q), dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
                 fused=fused, fused_grid=fused_grid,
                 reduce=reduce, reduce_grid=(plan.reduce.shape[0], B * Hkv, D // block_d),
                 delta=L.Static(**{f"stride_o{n}": o.stride(i) for i, n in enumerate("bhm")},

@@ -25,7 +25,9 @@ _TABLE = pathlib.Path(__file__).resolve().parent.parent / "data" / "tuned_config
 class FwdConfig:
     """Forward kernel: ``block_m`` queries per program, ``block_n`` keys per step (both divide the layout's
     tiles), Triton's ``num_warps``/``num_stages``. ``tma=None`` uses tensor descriptors (TMA) where the GPU and
-    the strides allow; ``warp_specialize`` turns on Triton's producer/consumer warp specialisation.
+    the strides allow, except in eager calls too small to pay their host cost (fewer visited tile pairs than
+    :data:`sparseattn.ops._launch.TMA_MIN_PAIRS`; a CUDA-graph capture always takes them); ``True`` always,
+    ``False`` never. ``warp_specialize`` turns on Triton's producer/consumer warp specialisation.
 
     ``split``: ``None`` (default) runs one program per query sub-tile over its whole row, longest row first;
     an int runs tasks of at most that many listed tiles (longer rows are split, their chunks' partial states
@@ -65,10 +67,8 @@ class BwdConfig:
     the dK/dV pass's values). The two passes hold different tiles resident, so their best launch configs differ
     (``python -m sparseattn.bench backward --sweep`` times each pass's configs separately). ``tma`` as
     ``FwdConfig.tma``: None loads tiles through tensor descriptors (TMA) in both passes on a GPU that has them
-    (Hopper and later) when the strides allow -- except eager calls smaller than
-    :data:`sparseattn.ops.backward.TMA_MIN_PAIRS` visited tile pairs, whose host time the descriptors would
-    raise by more than they save on the device (a CUDA-graph capture always takes them) -- False never, True
-    always, also in the Triton interpreter (tests).
+    (Hopper and later) when the strides allow, as ``FwdConfig.tma`` does, False never, True always, also in
+    the Triton interpreter (tests).
 
     ``overlap`` (deterministic path): the dQ programs run in the dK/dV pass's launch -- one grid whose first
     programs of each KV head are its dK/dV work items and the rest its group's dQ rows (FlexAttention's layout

@@ -45,7 +45,7 @@ def _forward_with(q, k, v, layout: BlockLayout, scale: float, out: Optional[torc
     static, per_call = L.dynamic_plan(layout, key, build, L.layout_tables(layout)) if layout.dynamic else \
         (layout.plan(key, build), {})
     split = S.prepare(layout, cfg.block_m, cfg.split, B, Hq, D, q.device) if cfg.split is not None else None
-    tma = static["tma"] and L.tma_ok(q, k, v)
+    tma = L.call_tma(static, q, k, v)
     descs = L.tensor_descriptors(D, q=(q, cfg.block_m), k=(k, cfg.block_n), v=(v, cfg.block_n)) if tma else \
         dict(desc_q=None, desc_k=None, desc_v=None)
     persistent = split is not None and cfg.persistent
@@ -81,4 +81,5 @@ def _static_kwargs(q, k, v, o, layout: BlockLayout, scale: float, cfg: FwdConfig
         WARP_SPEC=cfg.warp_specialize and not persistent and not _runtime.is_interpreter(),
         num_warps=cfg.num_warps)
     return dict(kwargs=kwargs, grid=(order.numel(), B * Hq),
-                tma=L.tma_allowed(cfg.tma, q.device, in_interpreter=True))
+                tma=L.tma_allowed(cfg.tma, q.device, in_interpreter=True),
+                small=L.too_small_for_tma("fwd", cfg.tma, layout, q))
