@@ -154,14 +154,21 @@ def test_tma_on_and_off_vs_reference(name, tma, deterministic, dtype):
 
 
 def test_tma_default_is_bitwise_deterministic_and_matches_pointer_path():
-    """The default config on an H200 takes the TMA path (tma=None); it repeats bitwise and agrees with the
-    pointer path. A K that is a view with a 16-byte-misaligned base falls back to pointers (same result)."""
+    """The default config on an H200 takes the TMA path above ``TMA_MIN_PAIRS["bwd"]`` visited tile pairs
+    (this call is below it: forced with tma=True, and the default is checked too); it repeats bitwise and
+    agrees with the pointer path. A K that is a view with a 16-byte-misaligned base falls back to pointers
+    (same result)."""
+    from sparseattn.ops import _launch as LA
     torch.manual_seed(5)
     L = 4096
     layout = BlockLayout.from_mask_mod(PATS["sinks+window"], L, L, device="cuda")
     q, k, v, do = (torch.randn(1, 8, L, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    first = _repeats_bitwise(3, layout, q, k, v, do)
     cfg = bwd_config(q, layout)
+    assert LA.too_small_for_tma("bwd", cfg.tma, layout, q)
+    first = _repeats_bitwise(3, layout, q, k, v, do, bwd_config=dataclasses.replace(cfg, tma=True))
+    default = _repeats_bitwise(1, layout, q, k, v, do)
+    for a, b in zip(default, first):
+        assert _rel(a.float(), b.double()) < 1e-2
     off = _grads(layout, q, k, v, do, bwd_config=dataclasses.replace(cfg, tma=False))
     for a, b in zip(first, off):
         assert _rel(a.float(), b.double()) < 1e-2
