@@ -237,6 +237,7 @@ def shape_plan(key, build):
         plan = _SHAPE_PLANS[key] = build()
     return plan
 
+
 def layout_tables(layout: BlockLayout) -> dict:
     """The prefill launch arguments that hold a layout's own tables, as callables giving this layout's
     values (``BITS``: the bits its mask path reads -- None on the predicate path, even with tile bits)."""
@@ -273,6 +274,7 @@ def dynamic_plan(layout: BlockLayout, key, build, tables: dict) -> tuple:
         plan = build()
         return ({k: None if isinstance(v, Static) else v for k, v in plan.items()},
                 {k: dict(v) for k, v in plan.items() if isinstance(v, Static)})
+
     def strip():
         plan = build()
         names = {k: tuple(a for a in v if a in tables) for k, v in plan.items() if isinstance(v, Static)}

@@ -269,8 +269,8 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
         fused_grid = (plan.work.shape[0] + heads["group"] * n_dq_m, B * Hkv)
     delta_m = 64
     tma = L.tma_allowed(cfg.tma, q.device, in_interpreter=False)  # the interpreter keeps pointers unless asked
-    return dict(plan=plan, tma=tma, small=L.too_small_for_tma("bwd", cfg.tma, layout, q), dkdv=dkdv, dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw,
-                fused=fused, fused_grid=fused_grid,
+    return dict(plan=plan, tma=tma, small=L.too_small_for_tma("bwd", cfg.tma, layout, q), dkdv=dkdv,
+                dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw, fused=fused, fused_grid=fused_grid,
                 reduce=reduce, reduce_grid=(plan.reduce.shape[0], B * Hkv, D // block_d),
                 delta=L.Static(**{f"stride_o{n}": o.stride(i) for i, n in enumerate("bhm")},
                                **{f"stride_do{n}": do.stride(i) for i, n in enumerate("bhm")},
