@@ -62,8 +62,7 @@ def test_raw_entry_gets_tritons_argument_list(monkeypatch, metas):
     monkeypatch.setattr(F, "_jit_fn", lambda kernel: (None, fn))
     F.clear()
     x, y = torch.zeros(4), torch.zeros(4)
-    a1, b1 = torch.randn(1, 2, 64, 32, dtype=torch.bfloat16), torch.randn(1, 2, 64, 32, dtype=torch.bfloat16)
-    a2, b2 = torch.randn(1, 2, 64, 32, dtype=torch.bfloat16), torch.randn(1, 2, 64, 32, dtype=torch.bfloat16)
+    a1, b1, a2 = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
     static = F.Static(X=x, n=5, FLAG=True, desc_b=_desc(b1, 16))
     kernel = object()
     F.launch(kernel, (3, 2), static, dict(desc_a=_desc(a1, 16), Y=y), lambda: compiled)  # binds
