@@ -362,12 +362,12 @@ def bwd_kernel(
     Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
     BITS, DOC, stride_doc_b, ROW_SLOT,
     Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W, FW,
-    Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws, n_items, n_dq_m,
+    Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws, n_items, n_dq_m, n_lead, n_bh,
     band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr, LEAD_FIRST: tl.constexpr,
 ):
     """Both passes of the deterministic backward in one launch (FlexAttention's layout of the work): on the
     grid ``(n_items + group * n_dq_m, batch * KV heads)``, the first ``n_items`` programs of a KV head are
@@ -375,9 +375,23 @@ def bwd_kernel(
     its GQA group's query heads (:func:`_dq_program`, tiles ``DQ_BLOCK_M x DQ_BLOCK_N``, with their own
     tensor descriptors ``dq_desc_*``). The two kinds share no output, so the result is bitwise that of the two
     kernels launched apart; what one launch saves is the second launch's host work and the cross-stream
-    fork and join that let dQ programs fill the dK/dV pass's tail."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
+    fork and join that let dQ programs fill the dK/dV pass's tail.
+
+    ``LEAD_FIRST`` (a 1-D grid of ``n_bh * (n_items + group * n_dq_m)`` programs): the first ``n_lead`` work
+    items of every head go first, item by item across the heads, then each head's other programs as above --
+    so the long chunks of a split column start in the first wave instead of behind earlier heads' dQ rows."""
+    if LEAD_FIRST:
+        p = tl.program_id(0)
+        if p < n_lead * n_bh:
+            pid = p // n_bh
+            bh = p % n_bh
+        else:
+            per_head = n_items - n_lead + group * n_dq_m
+            bh = (p - n_lead * n_bh) // per_head
+            pid = n_lead + (p - n_lead * n_bh) % per_head
+    else:
+        pid = tl.program_id(0)
+        bh = tl.program_id(1)
     if pid < n_items:
         _dkdv_program(
             pid, bh, Q, K, V, DO, LSE, DELTA, DK, DV, None, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,

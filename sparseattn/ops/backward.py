@@ -148,8 +148,9 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     dq = torch.empty_like(q) if deterministic else None
     # everything but the per-call tensors, built once per (layout, shapes, strides, config, scale): at
     # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
-    key = ("bwd_args", cfg, deterministic, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(), k.stride(),
-           v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(), None if dq is None else dq.stride(), scale)
+    key = ("bwd_args", cfg, deterministic, LEAD_FIRST, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(),
+           k.stride(), v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(),
+           None if dq is None else dq.stride(), scale)
     build = lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg)  # noqa: E731
     st, per_call = (layout.plan(key, build), {}) if not layout.dynamic else \
         L.dynamic_plan(layout, key, build, _dynamic_tables(layout, cfg.block_n))
@@ -196,6 +197,13 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
                  **L.strides("dq", dq, "m"), Hq=Hq, Lq=Lq, ws_cap=split.ws.shape[1], scale=scale,
                  HEAD_DIM=D, BLOCK_M=cfg.dq_block_m, BLOCK_D=block_d, num_warps=4, num_stages=1)
     return dq, dk, dv
+
+
+#: The one-launch backward's dispatch order: False (default) head by head, each KV head's dK/dV work items then
+#: its dQ rows; True: the longest work items of every head first (as many as the plan has split-column chunks),
+#: item by item across the heads, then head by head. An A/B switch for the sinks + window regression the
+#: one launch showed at N = 1.5k-3k (perf notes); same bits either way, not yet measured on a GPU.
+LEAD_FIRST = False
 
 
 def one_launch(cfg: BwdConfig, deterministic: bool) -> bool:
@@ -264,9 +272,12 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
     fused, fused_grid = None, None
     if dq is not None and one_launch(cfg, deterministic):
         n_dq_m = math.ceil(Lq / cfg.dq_block_m)
+        n_items = plan.work.shape[0]
         fused = L.Static({**dq_kw, **dkdv, **L.strides("dq", dq, "m"), "DQ_BLOCK_M": cfg.dq_block_m,
-                          "DQ_BLOCK_N": cfg.dq_block_n, "n_items": plan.work.shape[0], "n_dq_m": n_dq_m})
-        fused_grid = (plan.work.shape[0] + heads["group"] * n_dq_m, B * Hkv)
+                          "DQ_BLOCK_N": cfg.dq_block_n, "n_items": n_items, "n_dq_m": n_dq_m,
+                          "n_lead": min(plan.n_ws, n_items), "n_bh": B * Hkv, "LEAD_FIRST": LEAD_FIRST})
+        per_head = n_items + heads["group"] * n_dq_m
+        fused_grid = (B * Hkv * per_head,) if LEAD_FIRST else (per_head, B * Hkv)
     delta_m = 64
     tma = L.tma_allowed(cfg.tma, q.device, in_interpreter=False)  # the interpreter keeps pointers unless asked
     return dict(plan=plan, tma=tma, small=L.too_small_for_tma("bwd", cfg.tma, layout, q), dkdv=dkdv,

@@ -144,9 +144,11 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
                      WS_V=F32, Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32,
                      KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32, FULL_INDEX=I32, **extra)
         shapes = dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, DQ_BLOCK_M=128, DQ_BLOCK_N=64)
-        yield prefill_bwd.bwd_kernel, fused, ("scale", "scale_log2"), dict(
-            **shapes, **mask, **NO_DESC, dq_desc_q=None, dq_desc_k=None, dq_desc_v=None, dq_desc_do=None), \
-            dict(num_warps=8, num_stages=3)
+        for lead_first in (False, True):  # the two dispatch orders (ops.backward.LEAD_FIRST)
+            yield prefill_bwd.bwd_kernel, fused, ("scale", "scale_log2"), dict(
+                **shapes, **mask, **NO_DESC, dq_desc_q=None, dq_desc_k=None, dq_desc_v=None, dq_desc_do=None,
+                LEAD_FIRST=lead_first), dict(num_warps=8, num_stages=3)
+        shapes["LEAD_FIRST"] = False
         if tma:
             dq_descs = {"dq_" + n: t for n, t in descriptors(128, 64).items()}
             yield prefill_bwd.bwd_kernel, {**fused, **descriptors(64, 128), **dq_descs}, ("scale", "scale_log2"), \
