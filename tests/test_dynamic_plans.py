@@ -77,21 +77,26 @@ def test_a_dynamic_layouts_rows_run_last_tile_first():
     assert L.row_order(static, 64).tolist() == [4, 3, 2, 1, 0]
 
 
+def _gqa_split_case(seed):
+    """GQA inputs (4 query, 2 KV heads, N = 256), a backward config that splits columns (chunk=2), and two
+    layouts: sinks + window (static) and a routed one (dynamic)."""
+    from sparseattn import BwdConfig
+    torch.manual_seed(seed)
+    N, D = 256, 32
+    q = torch.randn(1, 4, N, D)
+    k, v = torch.randn(1, 2, N, D), torch.randn(1, 2, N, D)
+    cfg = BwdConfig(block_m=32, block_n=64, dq_block_m=64, dq_block_n=32, num_warps=4, num_stages=1, chunk=2)
+    layouts = [BlockLayout.from_mask_mod(P.sinks_window(16, 64), N, N, 64, 64),
+               sa.route(q, k, 64, 64, topk=1, causal=True)]
+    return q, k, v, torch.randn_like(q), cfg, layouts
+
+
 def test_one_launch_backward_is_bitwise_the_two_launch_backward():
     """``BwdConfig.overlap`` runs the dK/dV and dQ programs in one launch (``bwd_kernel``); the gradients are
     the bits of the two kernels launched apart, for GQA, split columns, a dynamic layout and tensor
     descriptors, and match the fp64 reference."""
     from dataclasses import replace
-
-    from sparseattn import BwdConfig
-    torch.manual_seed(3)
-    N, D = 256, 32
-    q = torch.randn(1, 4, N, D)
-    k, v = torch.randn(1, 2, N, D), torch.randn(1, 2, N, D)
-    do = torch.randn_like(q)
-    cfg = BwdConfig(block_m=32, block_n=64, dq_block_m=64, dq_block_n=32, num_warps=4, num_stages=1, chunk=2)
-    layouts = [BlockLayout.from_mask_mod(P.sinks_window(16, 64), N, N, 64, 64),
-               sa.route(q, k, 64, 64, topk=1, causal=True)]
+    q, k, v, do, cfg, layouts = _gqa_split_case(3)
     launched = []
     real = L.launch
 
@@ -142,16 +147,9 @@ def test_lead_first_dispatch_gives_the_same_bits(monkeypatch):
     """``ops.backward.LEAD_FIRST`` (the one-launch backward's longest work items of every head first, on a 1-D
     grid) changes only the order programs start in: the gradients are the same bits, with split columns,
     GQA and a dynamic layout."""
-    from sparseattn import BwdConfig
     from sparseattn.ops import backward as B
-    torch.manual_seed(4)
-    N, D = 256, 32
-    q = torch.randn(1, 4, N, D)
-    k, v = torch.randn(1, 2, N, D), torch.randn(1, 2, N, D)
-    do = torch.randn_like(q)
-    cfg = BwdConfig(block_m=32, block_n=64, dq_block_m=64, dq_block_n=32, num_warps=4, num_stages=1, chunk=2)
-    for layout in (BlockLayout.from_mask_mod(P.sinks_window(16, 64), N, N, 64, 64),
-                   sa.route(q, k, 64, 64, topk=1, causal=True)):
+    q, k, v, do, cfg, layouts = _gqa_split_case(4)
+    for layout in layouts:
         got = {}
         for lead in (False, True):
             monkeypatch.setattr(B, "LEAD_FIRST", lead)
