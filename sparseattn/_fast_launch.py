@@ -53,10 +53,12 @@ class _Bound(NamedTuple):
 
 
 class _Expand(NamedTuple):
-    """A tensor-descriptor argument of the raw launch: Triton's expansion of it (``make_tensordesc_arg``,
-    with the compiled kernel's metadata for it) occupies ``width`` consecutive positions."""
+    """A tensor-descriptor argument of the raw launch: Triton's expansion of it (``expand(desc, meta)``, its
+    ``make_tensordesc_arg`` bound once, with the compiled kernel's metadata for it) occupies ``width``
+    consecutive positions."""
     meta: Any
     width: int
+    expand: Callable
 
 
 class Static(dict):
@@ -165,7 +167,7 @@ def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Ca
         if expand is None:
             args[i] = kwargs[name]
         else:
-            args[i:i + expand.width] = _make_tensordesc_arg(kwargs[name], expand.meta)
+            args[i:i + expand.width] = expand.expand(kwargs[name], expand.meta)
     g0 = grid[0]
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
@@ -178,11 +180,6 @@ def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Ca
         c.run(g0, g1, g2, stream, c.function, c.packed_metadata, None, None, None, *args)
     stats["hits"] += 1
     return c
-
-
-def _make_tensordesc_arg(desc, meta) -> list:
-    from triton.backends.nvidia.driver import make_tensordesc_arg
-    return make_tensordesc_arg(desc, meta)
 
 
 def _bind(kernel, every: dict, per_call: dict, compiled) -> Optional[_Bound]:
@@ -245,20 +242,21 @@ def _raw_entry(c, template: list, slots: list, every: dict):
 def _expanded(template: list, slots: list, metas: dict, every: dict):
     """The raw launcher's template (every descriptor parameter expanded as Triton's wrapper would; a per-call
     one reserved at the width of its bind-time expansion) and the per-call slots in it."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
     per_call = dict(slots)
     flat, out_slots = [], []
     for i, value in enumerate(template):
         if i in per_call:
             name = per_call[i]
             if i in metas:
-                width = len(_make_tensordesc_arg(every[name], metas[i]))
-                out_slots.append((len(flat), name, _Expand(metas[i], width)))
+                width = len(make_tensordesc_arg(every[name], metas[i]))
+                out_slots.append((len(flat), name, _Expand(metas[i], width, make_tensordesc_arg)))
                 flat.extend([None] * width)
             else:
                 out_slots.append((len(flat), name, None))
                 flat.append(None)
         elif i in metas:
-            flat.extend(_make_tensordesc_arg(value, metas[i]))
+            flat.extend(make_tensordesc_arg(value, metas[i]))
         else:
             flat.append(value)
     return flat, tuple(out_slots)

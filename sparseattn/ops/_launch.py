@@ -279,9 +279,9 @@ def dynamic_plan(layout: BlockLayout, key, build, tables: dict) -> tuple:
         plan = build()
         names = {k: tuple(a for a in v if a in tables) for k, v in plan.items() if isinstance(v, Static)}
         return {k: Static({a: x for a, x in v.items() if a not in tables}) if isinstance(v, Static) else v
-                for k, v in plan.items()}, names
-    plan, names = shape_plan((key, shape), strip)
-    values = {a: tables[a]() for a in set().union(*names.values())}
+                for k, v in plan.items()}, names, set().union(*names.values())
+    plan, names, needed = shape_plan((key, shape), strip)
+    values = {a: tables[a]() for a in needed}
     return plan, {k: {a: values[a] for a in ns} for k, ns in names.items()}
 
 
