@@ -299,14 +299,15 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 #: With ``tma=None`` in its config, an eager call loads through tensor descriptors only from this many visited
 #: tile pairs (summed over batch x query heads) up; a CUDA-graph capture always does. Descriptors cost host
 #: time at every eager call (built, encoded into tensor maps, passed to the launch) and save device time in
-#: proportion to the work. Backward, measured (``checks/host-stages-3-h200.json``, H200 box, window 1024 at
-#: N = 2k, 16 heads): the op took 273 us of host time with its eight descriptors, 157 without; they save
-#: 10-25% of the backward's device time at N = 32k (perf notes), so at ~64 ns per tile pair they pay from
-#: ~0.7 ms of device work, ~11k pairs. Forward, from the same file's stage split (not an A/B run): its three
-#: descriptors cost ~28 us (built 10, encoded 8, alignment checks 9) and save 5-9% of the forward, which at
-#: ~20 ns per tile pair pays from ~0.4 ms, ~20k pairs. Below these an eager call is host-bound and pointer
-#: loads make the faster call.
-TMA_MIN_PAIRS = {"fwd": 20_000, "bwd": 12_000}
+#: proportion to the work; the host cost shows only where the call is host-bound. Backward, measured
+#: (``checks/host-stages-3-h200.json``, H200 box, window 1024 at N = 2k, 16 heads): the op took 273 us of host
+#: time with its eight descriptors, 157 without; they save 10-25% of the backward's device time at N = 32k
+#: (perf notes), so at ~64 ns per tile pair they pay from ~0.7 ms of device work, ~11k pairs. Forward: none
+#: (0). A rule at 20 000 pairs (from a ~28 us host cost against an assumed 5-9% device saving) made eager
+#: forwards of 2k-8k tokens 13-15% slower in the crossover suite (``crossover-h200.json``, fwd part of
+#: 2026-12-01 08:3x UTC, against the 03:23 part): those calls are device-bound and pointer loads cost the
+#: forward ~14% of its device time there, more than the host time the descriptors take.
+TMA_MIN_PAIRS = {"fwd": 0, "bwd": 12_000}
 
 
 def too_small_for_tma(pass_: str, tma: Optional[bool], layout: BlockLayout, q: torch.Tensor) -> bool:
