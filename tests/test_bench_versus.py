@@ -161,6 +161,44 @@ def test_versus_skips_rows_the_budget_cannot_cover(cpu_stand_ins, tmp_path):
 
 @STAND_IN_WARNINGS[0]
 @STAND_IN_WARNINGS[1]
+def test_versus_merge_keeps_the_rows_not_remeasured(cpu_stand_ins, tmp_path):
+    """``--merge``: a run of one row over an earlier file of two keeps the other row (records, line, meta,
+    stamped with the earlier date), re-measures its own, orders the lines as :data:`ROWS` and names the source;
+    ``merged_doc`` builds the same file from a run that was written apart."""
+    cpu_stand_ins.setattr(V, "ROWS", [_tiny(r) for r in V.ROWS])
+    first, again = "fwd-window1024-n1024", "fwd-window1024-n2048"
+    old_dir, new_dir, apart_dir = (tmp_path / d for d in ("old", "new", "apart"))
+    V.run(_args(n=V.DEFAULT_N, rows=f"{first},{again}", out=str(old_dir), budget_s=500.0, meta={}))
+    old = load_path(old_dir / "versus-cpu.json")
+    # tell the runs apart; an older file's rows carry no date of their own
+    rows = {k: {n: x for n, x in v.items() if n != "date"} for k, v in old.meta["rows"].items()}
+    old = BenchFile.from_json({**old.to_json(), "date": "2000-01-01T00:00:00+00:00", "rows": rows})
+    (old_dir / "versus-cpu.json").write_text(json.dumps(old.to_json()))
+    args = _args(n=V.DEFAULT_N, rows=again, out=str(new_dir), budget_s=500.0, meta={},
+                 merge=str(old_dir / "versus-cpu.json"))
+    records, table, _ = V.run(args)
+    merged = load_path(new_dir / "versus-cpu.json")
+    assert [ln["row"] for ln in table] == [first, again] == [ln["row"] for ln in merged.meta["lines"]]
+    kept = [r.to_json() for r in old.records if r.case["row"] == first]
+    assert [r.to_json() for r in merged.records if r.case["row"] == first] == kept
+    new_ours = merged.one(Impl.OURS, Pass.FWD, row=again)
+    assert new_ours.to_json() != old.one(Impl.OURS, Pass.FWD, row=again).to_json()  # measured again
+    assert merged.meta["rows"][first]["date"] == old.meta["date"] != merged.meta["rows"][again]["date"]
+    assert merged.meta["merged_from"] == {"date": old.meta["date"], "rows": [first]}
+    # the same row run apart, then merged afterwards
+    V.run(_args(n=V.DEFAULT_N, rows=again, out=str(apart_dir), budget_s=500.0, meta={}))
+    apart = load_path(apart_dir / "versus-cpu.json")
+    doc = V.merged_doc(old, apart)
+    assert [ln["row"] for ln in doc["lines"]] == [first, again] and doc["merged_from"]["rows"] == [first]
+    assert len(doc["results"]) == len(kept) + len(apart.records) and doc["date"] == apart.meta["date"]
+    with pytest.raises(ValueError, match="--merge expects"):
+        V.kept_rows(BenchFile.from_json({**old.to_json(), "suite": "prefill"}), [again], old.meta["device"])
+    with pytest.raises(ValueError, match="measured on"):
+        V.kept_rows(old, [again], "another GPU")
+
+
+@STAND_IN_WARNINGS[0]
+@STAND_IN_WARNINGS[1]
 def test_prefill_and_backward_suites_measure_the_table_patterns(cpu_stand_ins):
     """documents64 and window333 are patterns the prefill and backward suites know (``--patterns``), with the
     causal envelope for their dense baselines; not in their defaults."""

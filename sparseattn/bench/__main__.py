@@ -75,8 +75,8 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated: window, sinks_window, block_random, documents, routing (default: all)")
     g.add_argument("--keep-n", default=None, help="comma-separated lengths of the kept-fraction families")
     g.add_argument("--merge", default=None,
-                   help="an earlier file of the same suite and GPU (crossover, balance, balance_bwd): its rows of "
-                        "the parts or cases not measured now are kept")
+                   help="an earlier file of the same suite and GPU (crossover, balance, balance_bwd, versus): its rows "
+                        "of the parts, cases or table rows not measured now are kept")
     g = ap.add_argument_group("balance, balance_bwd")
     g.add_argument("--cases", default=None,
                    help="comma-separated case numbers (0-based, in the suite's order) or names: measure only these "

@@ -22,12 +22,17 @@ ratio, the issue's target for that line and whether it is met. Each measurement 
 seconds (compiles included), each row its wall time beside the estimate the run order was planned with
 (``meta["rows"]``), and the file is rewritten after every row, so a run cut short keeps what it finished. A
 row whose estimate no longer fits the budget is recorded with ``ms: null`` and the reason.
+
+``--merge FILE`` (an earlier ``versus`` file of the same device) keeps that file's rows that this run does not
+measure (records, table lines and per-row meta), so a few rows re-measured after a change update the record
+without re-running the rest: the file's ``date`` is this run's, each row's ``meta["rows"][key]["date"]`` says
+when it was measured, and ``merged_from`` names the earlier file's date and the rows taken from it.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -36,7 +41,7 @@ from ..ops import mask_path_name, sparse_attention
 from . import _common as C
 from .cases import prefill_layout, prefill_mask_mod
 from .layout_build import FLEX_MASK_MODES, flex_block_mask_call
-from .record import Impl, Pass, Record
+from .record import BenchFile, Impl, Pass, Record, load_path
 
 NAME = "versus"
 DEFAULT_N = "32768"  # the rows fix their own lengths; --n does not apply
@@ -194,13 +199,16 @@ def row_layout(row: Row, N: Optional[int] = None, device="cpu") -> BlockLayout:
 class _Run:
     """One run's state: records, the inputs of the current shape, the budget, the file rewritten per row."""
 
-    def __init__(self, args):
+    def __init__(self, args, kept: Optional["Kept"] = None):
         self.args, self.dev = args, args.device
+        self.kept = kept or Kept([], [], {}, None)
         self.records: List[Record] = []
         self.inputs: Dict[tuple, tuple] = {}
         self.budget = C.Budget(getattr(args, "budget_s", None) or 500.0)
         self.env = C.environment()
-        self.meta = {"rows": {}, "lines": []}
+        self.meta = {"rows": dict(self.kept.rows), "lines": list(self.kept.lines)}
+        if self.kept.source is not None:
+            self.meta["merged_from"] = self.kept.source
 
     def qkv(self, row: Row, grad: bool):
         """Seeded random q ``[1, H, N, D]``, k/v ``[1, Hkv, N, D]`` and dO for the row's shape (kept while the
@@ -244,7 +252,7 @@ class _Run:
     def save(self) -> None:
         out = getattr(self.args, "out", None)
         if out:
-            C.write_json(NAME, self.records, out, self.env, meta=self.meta)
+            C.write_json(NAME, self.kept.records + self.records, out, self.env, meta=self.meta)
 
 
 def _err(a, b) -> Optional[float]:
@@ -356,13 +364,61 @@ def row_lines(row: Row, res: dict, skipped: Optional[str] = None) -> List[dict]:
     return lines
 
 
+class Kept(NamedTuple):
+    """The rows an earlier file contributes to a merged one: its records, table lines and per-row meta of the
+    rows not measured now, and ``source`` (the file's date and those row keys; None: nothing merged)."""
+    records: List[Record]
+    lines: List[dict]
+    rows: Dict[str, dict]
+    source: Optional[dict]
+
+
+def kept_rows(old: Optional[BenchFile], measured: List[str], device: str) -> Kept:
+    """What ``--merge`` keeps of ``old`` (a ``versus`` file of ``device``): every row not in ``measured``, each
+    row's meta stamped with the date it was measured (the old file's, unless it already carries one)."""
+    if old is None:
+        return Kept([], [], {}, None)
+    if old.suite != NAME:
+        raise ValueError(f"--merge expects a {NAME!r} file, got suite {old.suite!r}")
+    if old.meta["device"] != device:
+        raise ValueError(f"--merge: the file was measured on {old.meta['device']!r}, this run is on {device!r}")
+    date = old.meta["date"]
+    records = [r for r in old.records if r.case.get("row") not in measured]
+    lines = [x for x in old.meta.get("lines", []) if x["row"] not in measured]
+    rows = {k: {**v, "date": v.get("date", date)} for k, v in old.meta.get("rows", {}).items()
+            if k not in measured}
+    keys = list(dict.fromkeys(x["row"] for x in lines))
+    return Kept(records, lines, rows, {"date": date, "rows": keys})
+
+
+def merged_doc(old: BenchFile, new: BenchFile) -> dict:
+    """The file ``--merge`` would have written had the run of ``new`` (a ``versus`` file of some rows) been
+    given ``old``: ``new``'s rows and meta, and ``old``'s rows that ``new`` does not hold (for a re-measure that
+    ran without ``--merge``)."""
+    measured = list(dict.fromkeys(x["row"] for x in new.meta.get("lines", [])))
+    kept = kept_rows(old, measured, new.meta["device"])
+    rows = {**kept.rows, **{k: {**v, "date": v.get("date", new.meta["date"])}
+                            for k, v in new.meta.get("rows", {}).items()}}
+    meta = {**new.meta, "rows": rows, "lines": in_row_order(kept.lines + list(new.meta.get("lines", []))),
+            "merged_from": kept.source}
+    return BenchFile(meta=meta, records=tuple(kept.records) + tuple(new.records)).to_json()
+
+
+def in_row_order(lines: List[dict]) -> List[dict]:
+    """Table lines in :data:`ROWS` order (a merged table interleaves kept and new rows); stable within a row."""
+    order = {r.key: i for i, r in enumerate(ROWS)}
+    return sorted(lines, key=lambda x: order[x["row"]])
+
+
 def run(args) -> tuple:
     """Measure the rows ``args.rows`` names, most important first, while the budget lasts; return (records,
     table lines, table columns)."""
     rows = select_rows(getattr(args, "rows", None))
     if getattr(args, "patterns", None) or str(getattr(args, "n", DEFAULT_N)) != DEFAULT_N:
         C.note("versus: --n and --patterns do not apply (the rows are issue 13's, fixed); use --rows")
-    r = _Run(args)
+    merge = getattr(args, "merge", None)
+    env_device = C.environment()["device"]
+    r = _Run(args, kept_rows(load_path(merge) if merge else None, [row.key for row in rows], env_device))
     r.meta["budget_s"] = r.budget.seconds
     table = []
     with C.progress(len(rows), NAME) as bar:
@@ -378,12 +434,12 @@ def run(args) -> tuple:
             else:
                 t0 = r.budget.clock()
                 res = measure_row(r, row)
-                r.meta["rows"][row.key] = {"s": r.budget.clock() - t0, "estimate_s": est}
+                r.meta["rows"][row.key] = {"s": r.budget.clock() - t0, "estimate_s": est, "date": r.env["date"]}
                 lines = row_lines(row, res)
             table += lines
-            r.meta["lines"] = table
+            r.meta["lines"] = in_row_order(r.kept.lines + table)
             r.save()
             bar.update()
     if hasattr(args, "meta"):
         args.meta.update(r.meta)
-    return r.records, table, COLUMNS
+    return r.kept.records + r.records, r.meta["lines"], COLUMNS

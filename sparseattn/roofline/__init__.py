@@ -85,14 +85,14 @@ Predicted / measured on the evaluation points::
     decode, eager (ours)                  16    0.98   0.63   1.30      62%
     decode (cuDNN)                         7    0.97   0.97   0.98     100%
     layout build + transpose              14    1.16   0.67   1.79      36%
-    crossover sweep: ours, device        120    1.04   0.94   1.11      98%
+    crossover sweep: ours, device        120    1.03   0.94   1.11      98%
     crossover sweep: Flex, cuDNN, device 120    0.96   0.79   1.08      96%
-    crossover sweep: ours, eager         101    1.03   0.69   1.31      72%
-    crossover sweep: Flex, cuDNN, eager  111    0.98   0.85   1.38      81%
-    all kernel models (no eager decode)  498    1.00   0.84   1.16      87%
-    crossover sweep: device (all)        240    0.99   0.87   1.10      97%
-    crossover sweep: eager (all)         212    1.02   0.76   1.36      77%
-    crossover sweep (all)                452    1.00   0.84   1.15      88%
+    crossover sweep: ours, eager         101    1.01   0.88   1.48      80%
+    crossover sweep: Flex, cuDNN, eager  111    0.98   0.85   1.14      89%
+    all kernel models (no eager decode)  498    0.99   0.86   1.13      91%
+    crossover sweep: device (all)        240    0.99   0.86   1.10      97%
+    crossover sweep: eager (all)         212    0.99   0.86   1.34      85%
+    crossover sweep (all)                452    0.99   0.86   1.13      91%
 
 Outside +-25%::
 
@@ -120,8 +120,8 @@ Outside +-25%::
     sparseattn transpose block_random10% N=131072         1.35
     sparseattn decode keep0.02 N=65536 B=4 ps=16 graph (crossover)  1.39
     sparseattn decode keep0.02 N=16384 B=16 ps=16 graph (crossover)  1.28
-    cudnn fwd causal N=1024 (crossover)                   2.14
-    ... and 53 more (python -m sparseattn.roofline accuracy)
+    cudnn bwd causal N=1024 (crossover)                   1.42
+    ... and 36 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
 

@@ -124,6 +124,12 @@ def versus_caption(doc: BenchFile, sep: str = "; ") -> str:
     m = doc.meta
     extra = ", ".join(f"{name} {m[k]}" for k, name in (("cuda", "CUDA"), ("cudnn", "cuDNN"),
                                                        ("sparseattn", "sparseattn")) if k in m)
+    src = m.get("merged_from")
+    if src:  # a few rows re-measured over an earlier run (``--merge``): say which ran when
+        kept = set(src["rows"])
+        again = [k for k in dict.fromkeys(x["row"] for x in m.get("lines", [])) if k not in kept]
+        extra += (", " if extra else "") + (f"rows {', '.join(again)} at {m['date'][11:16]} UTC, "
+                                            f"the others at {src['date'][11:16]} UTC")
     return doc.caption() + (sep + extra if extra else "")
 
 
