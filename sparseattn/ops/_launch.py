@@ -302,12 +302,13 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 #: proportion to the work; the host cost shows only where the call is host-bound. Backward, measured
 #: (``checks/host-stages-3-h200.json``, H200 box, window 1024 at N = 2k, 16 heads): the op took 273 us of host
 #: time with its eight descriptors, 157 without; they save 10-25% of the backward's device time at N = 32k
-#: (perf notes), so at ~64 ns per tile pair they pay from ~0.7 ms of device work, ~11k pairs. Forward: none
-#: (0). A rule at 20 000 pairs (from a ~28 us host cost against an assumed 5-9% device saving) made eager
-#: forwards of 2k-8k tokens 13-15% slower in the crossover suite (``crossover-h200.json``, fwd part of
-#: 2026-12-01 08:3x UTC, against the 03:23 part): those calls are device-bound and pointer loads cost the
-#: forward ~14% of its device time there, more than the host time the descriptors take.
-TMA_MIN_PAIRS = {"fwd": 0, "bwd": 12_000}
+#: (perf notes), so at ~64 ns per tile pair they pay from ~0.7 ms of device work, ~11k pairs. Forward, A/B in
+#: one process (``checks/fwd-tma-rule-h200.json``, 16 heads, eager ``do_bench``, pointer loads / descriptors):
+#: window 1024 at N = 1024 (576 pairs) 0.50x, sinks 64 + window 1024 at 2048 (1 840) 0.82x, but window 1024 at
+#: 2048 (1 728) 1.15x and 1.09-1.14x from 4 400 to 15 232 pairs, where the calls are device-bound and pointer
+#: loads cost the forward ~14% of its device time. So only the smallest calls keep pointer loads; a first rule
+#: at 20 000 pairs (from the host cost alone) made eager forwards at 2k-8k 13-15% slower in the crossover suite.
+TMA_MIN_PAIRS = {"fwd": 1_024, "bwd": 12_000}
 
 
 def too_small_for_tma(pass_: str, tma: Optional[bool], layout: BlockLayout, q: torch.Tensor) -> bool:
