@@ -302,7 +302,9 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 #: proportion to the work; the host cost shows only where the call is host-bound. Backward, measured
 #: (``checks/host-stages-3-h200.json``, H200 box, window 1024 at N = 2k, 16 heads): the op took 273 us of host
 #: time with its eight descriptors, 157 without; they save 10-25% of the backward's device time at N = 32k
-#: (perf notes), so at ~64 ns per tile pair they pay from ~0.7 ms of device work, ~11k pairs. Forward, A/B in
+#: (perf notes), so at ~64 ns per tile pair they pay from ~0.7 ms of device work, ~11k pairs; an A/B in one
+#: process (``checks/bwd-tma-rule-h200.json``) found pointer loads 21-38% faster on eager backwards of 576 to
+#: 6 528 pairs, which are host-bound there (the break-even is above, not bracketed). Forward, A/B in
 #: one process (``checks/fwd-tma-rule-h200.json``, 16 heads, eager ``do_bench``, pointer loads / descriptors):
 #: window 1024 at N = 1024 (576 pairs) 0.50x, sinks 64 + window 1024 at 2048 (1 840) 0.82x, but window 1024 at
 #: 2048 (1 728) 1.15x and 1.09-1.14x from 4 400 to 15 232 pairs, where the calls are device-bound and pointer
