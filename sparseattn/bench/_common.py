@@ -179,6 +179,20 @@ def fwd_bwd(make: Callable, q, k, v, do, stream=None):
 
 
 @contextlib.contextmanager
+def pass_graph_ms(make: Callable, q, k, v, do, pass_: str = "bwd", warm: bool = False) -> Optional[float]:
+    """Device ms of ``make(q, k, v)``'s forward, or of its backward alone from one kept forward (captured on
+    a side stream: autograd runs a node's backward on its forward's stream), replayed from one CUDA graph
+    (:func:`graph_ms`). ``warm``: call it once first -- FlexAttention's compiled backward must be compiled
+    by a call that retains the graph, as the timed calls do (donated buffers otherwise, see the crossover
+    suite)."""
+    side = torch.cuda.Stream() if pass_ == "bwd" else None
+    fwd, bwd = fwd_bwd(make, q, k, v, do, side)
+    fn = fwd if pass_ == "fwd" else bwd
+    if warm:
+        fn()
+    return graph_ms(fn, side)
+
+
 def peak_memory(device):
     """Track the peak device memory allocated inside the block: yields a dict whose ``"mb"`` is filled on
     exit (MiB above what was allocated before; NaN off CUDA)."""

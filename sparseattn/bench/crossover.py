@@ -267,9 +267,7 @@ def _device_ms(run: _Run, pass_: str, make: Callable, N: int) -> Optional[float]
     if torch.device(run.dev).type != "cuda":
         return None
     q, k, v, do = run.qkv(N, pass_ == "bwd")
-    side = torch.cuda.Stream() if pass_ == "bwd" else None
-    fwd, bwd = C.fwd_bwd(make, q, k, v, do, side)
-    return C.graph_ms(fwd if pass_ == "fwd" else bwd, side)
+    return C.pass_graph_ms(make, q, k, v, do, pass_)
 
 
 def _dense_row(run: _Run, pass_: str, N: int, env: str) -> None:

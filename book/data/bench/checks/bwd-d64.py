@@ -38,18 +38,13 @@ def main(out_dir: str) -> str:
         case = {"pattern": name, "N": N, "B": 1, "H": H, "D": D, "dtype": "bf16"}
         default = bwd_config(q, lay)
         for label, cfg in _variants(default).items():
-            side = torch.cuda.Stream()
-            _, bwd = C.fwd_bwd(lambda a, b, c, cfg=cfg: sa.sparse_attention(a, b, c, lay, bwd_config=cfg),
-                               q, k, v, do, side)
-            ms = C.graph_ms(bwd, side)
+            ms = C.pass_graph_ms(lambda a, b, c, cfg=cfg: sa.sparse_attention(a, b, c, lay, bwd_config=cfg),
+                                 q, k, v, do)
             records.append(Record(case, Impl.OURS, Pass.BWD, ms, {"variant": label, "config": C.config_dict(cfg),
                                                                    "timing": "device"}))
             table.append({"pattern": name, "D": D, "variant": label, "ms": None if ms is None else round(ms, 3)})
         bm = lay.to_flex()
-        side = torch.cuda.Stream()
-        _, fb = C.fwd_bwd(lambda a, b, c: flex(a, b, c, block_mask=bm), q, k, v, do, side)
-        fb()  # compile with the graph retained (donated buffers otherwise, see the crossover suite)
-        ms_f = C.graph_ms(fb, side)
+        ms_f = C.pass_graph_ms(lambda a, b, c: flex(a, b, c, block_mask=bm), q, k, v, do, warm=True)
         records.append(Record(case, Impl.FLEX, Pass.BWD, ms_f, {"timing": "device"}))
         for row in table:
             if row["pattern"] == name and row["D"] == D and "ours/flex" not in row and row["ms"] and ms_f:

@@ -35,17 +35,12 @@ def main(out_dir: str) -> str:
         row = {"pattern": name, "N": N}
         for lead in (False, True):
             B.LEAD_FIRST = lead
-            side = torch.cuda.Stream()
-            _, bwd = C.fwd_bwd(lambda a, b, c: sa.sparse_attention(a, b, c, lay), q, k, v, do, side)
-            ms = C.graph_ms(bwd, side)
+            ms = C.pass_graph_ms(lambda a, b, c: sa.sparse_attention(a, b, c, lay), q, k, v, do)
             records.append(Record(case, Impl.OURS, Pass.BWD, ms, {"lead_first": lead, "timing": "device"}))
             row["lead_first" if lead else "head_major"] = None if ms is None else round(ms, 4)
         B.LEAD_FIRST = False
         bm = lay.to_flex()
-        side = torch.cuda.Stream()
-        _, fb = C.fwd_bwd(lambda a, b, c: flex(a, b, c, block_mask=bm), q, k, v, do, side)
-        fb()  # compile with the graph retained (donated buffers otherwise, see the crossover suite)
-        ms = C.graph_ms(fb, side)
+        ms = C.pass_graph_ms(lambda a, b, c: flex(a, b, c, block_mask=bm), q, k, v, do, warm=True)
         records.append(Record(case, Impl.FLEX, Pass.BWD, ms, {"timing": "device"}))
         row["flex"] = None if ms is None else round(ms, 4)
         for key in ("head_major", "lead_first"):

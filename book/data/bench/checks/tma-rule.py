@@ -1,0 +1,81 @@
+"""A tensor-descriptor size rule (``ops._launch.TMA_MIN_PAIRS[pass]``), A/B on the device: eager calls of one
+pass (Triton's ``do_bench``: host and device together; a CUDA graph always takes descriptors) with the rule
+of that pass below ``RULES[pass][0]`` visited tile pairs against descriptors always (rule 0), interleaved in
+one process, on issue 13's short rows and the crossover suite's window 2048 and sinks 64 + window 1024
+lengths. The forward's first rule (20 000 pairs, set from the descriptors' host cost alone) made eager
+forwards at 2k-8k 13-15% slower in the crossover suite; this A/B set it at 1 024 and checked the backward's
+12 000. B=1, H=16, D=128, bf16. One command on a GPU box (a minute or two per pass):
+
+    python book/data/bench/checks/tma-rule.py fwd   # writes $OUT/fwd-tma-rule-<gpu>.json
+    python book/data/bench/checks/tma-rule.py bwd   # writes $OUT/bwd-tma-rule-<gpu>.json
+
+The backward is timed as dQ, dK, dV from a kept forward. The table printed last gives both times per rule
+and rule / always."""
+import os
+import statistics
+import sys
+
+import torch
+from triton.testing import do_bench
+
+import sparseattn as sa
+from sparseattn.bench import _common as C
+from sparseattn.bench.record import Impl, Pass, Record
+from sparseattn.ops import _launch as L
+
+#: per pass: (the rule under test, descriptors always), and the cases, the likeliest to change first
+RULES = {"fwd": (20_000, 0), "bwd": (12_000, 0)}
+CASES = {"fwd": [("window1024", 1024), ("window1024", 2048), ("window2048", 4096), ("window2048", 8192),
+                 ("sinks64+window1024", 2048), ("sinks64+window1024", 4096)],
+         "bwd": [("window1024", 2048), ("window2048", 3072), ("window2048", 4096), ("sinks64+window1024", 4096),
+                 ("window1024", 1024), ("sinks64+window1024", 2048)]}
+
+
+def _pattern(name):
+    if name.startswith("sinks"):
+        return sa.patterns.sinks_window(64, 1024)
+    return sa.patterns.sliding_window(int(name.removeprefix("window")))
+
+
+def _call(pass_: str, lay, q, k, v, do):
+    if pass_ == "fwd":
+        return lambda: sa.sparse_attention(q, k, v, lay)
+    return C.fwd_bwd(lambda a, b, c: sa.sparse_attention(a, b, c, lay), q, k, v, do)[1]
+
+
+def main(pass_: str, out_dir: str) -> str:
+    if pass_ not in RULES:
+        raise ValueError(f"pass must be one of {sorted(RULES)}, got {pass_!r}")
+    records, table = [], []
+    shipped, rules = L.TMA_MIN_PAIRS[pass_], RULES[pass_]
+    for name, N in CASES[pass_]:
+        q, k, v, do = (torch.randn(1, 16, N, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        calls = {}
+        for rule in rules:  # a launch plan takes the rule when it is built (first call on its layout)
+            L.TMA_MIN_PAIRS[pass_] = rule
+            lay = sa.BlockLayout.from_mask_mod(_pattern(name), N, N, 128, 128, device="cuda")
+            calls[rule] = _call(pass_, lay, q, k, v, do)
+            calls[rule]()
+        L.TMA_MIN_PAIRS[pass_] = shipped
+        case = {"pattern": name, "N": N, "B": 1, "H": 16, "D": 128, "dtype": "bf16",
+                "pairs": 16 * int(lay.stats()["listed_tiles"])}
+        eager = {r: [] for r in rules}
+        for _ in range(3):  # interleaved: host speed drifts within a run
+            for rule in rules:
+                eager[rule].append(do_bench(calls[rule], warmup=25, rep=100))
+        row = {"pattern": name, "N": N, "pairs": case["pairs"]}
+        for rule in rules:
+            ms = statistics.median(eager[rule])
+            records.append(Record(case, Impl.OURS, Pass.FWD if pass_ == "fwd" else Pass.BWD, ms,
+                                  {"tma_min_pairs": rule, "timing": "eager"}))
+            row[f"eager_{rule}"] = round(ms, 4)
+        row["eager rule/always"] = round(row[f"eager_{rules[0]}"] / row["eager_0"], 3)
+        table.append(row)
+        print(row, flush=True)
+    path = C.write_json(f"{pass_}-tma-rule", records, out_dir, C.environment())
+    C.print_table(table, list(table[0]))
+    return path
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1] if len(sys.argv) > 1 else "fwd", os.environ.get("OUT", ".")))
