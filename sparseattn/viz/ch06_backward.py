@@ -120,17 +120,18 @@ def versus_bwd(doc: BenchFile) -> list:
 
 def versus_caption(doc: BenchFile, sep: str = "; ") -> str:
     """Where, when and with which versions a ``versus`` file was measured (from its meta): the file's caption,
-    then CUDA, cuDNN and sparseattn versions where recorded, joined by ``sep``."""
+    then CUDA, cuDNN and sparseattn versions where recorded, then, for a merged file, which rows ran when;
+    joined by ``sep``."""
     m = doc.meta
     extra = ", ".join(f"{name} {m[k]}" for k, name in (("cuda", "CUDA"), ("cudnn", "cuDNN"),
                                                        ("sparseattn", "sparseattn")) if k in m)
+    parts = [doc.caption()] + ([extra] if extra else [])
     src = m.get("merged_from")
     if src:  # a few rows re-measured over an earlier run (``--merge``): say which ran when
         kept = set(src["rows"])
         again = [k for k in dict.fromkeys(x["row"] for x in m.get("lines", [])) if k not in kept]
-        extra += (", " if extra else "") + (f"rows {', '.join(again)} at {m['date'][11:16]} UTC, "
-                                            f"the others at {src['date'][11:16]} UTC")
-    return doc.caption() + (sep + extra if extra else "")
+        parts.append(f"rows {', '.join(again)} at {m['date'][11:16]} UTC, the others at {src['date'][11:16]} UTC")
+    return sep.join(parts)
 
 
 def versus_bwd_figure(doc: BenchFile) -> go.Figure:
