@@ -178,7 +178,6 @@ def fwd_bwd(make: Callable, q, k, v, do, stream=None):
     return (lambda: make(q, k, v)), bwd
 
 
-@contextlib.contextmanager
 def pass_graph_ms(make: Callable, q, k, v, do, pass_: str = "bwd", warm: bool = False) -> Optional[float]:
     """Device ms of ``make(q, k, v)``'s forward, or of its backward alone from one kept forward (captured on
     a side stream: autograd runs a node's backward on its forward's stream), replayed from one CUDA graph
@@ -193,6 +192,7 @@ def pass_graph_ms(make: Callable, q, k, v, do, pass_: str = "bwd", warm: bool = 
     return graph_ms(fn, side)
 
 
+@contextlib.contextmanager
 def peak_memory(device):
     """Track the peak device memory allocated inside the block: yields a dict whose ``"mb"`` is filled on
     exit (MiB above what was allocated before; NaN off CUDA)."""
