@@ -79,6 +79,9 @@ def ptxas_info(ptx: str) -> str:
     return " ".join(f"{key}={int(m.group(1)) if m else 0}" for key, m in found.items())
 
 
+#: the launch options of the tuned sm90 bf16 backward (sparseattn/data/tuned_configs.json, head dim 128)
+BWD_OPTIONS = dict(num_warps=8, num_stages=3)
+
 NO_FN = dict(MASK_FN=None, CAP0=None, CAP1=None, CAP2=None, CAP3=None, CAP_SHAPE=None)
 
 
@@ -148,21 +151,21 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
                    **({"DQ_ACC": F32} if atomic else {}))
         yield prefill_bwd.dkdv_kernel, bwd, ("scale", "scale_log2"), dict(
             HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask, **NO_DESC,
-            **({} if atomic else {"DQ_ACC": None}))
+            **({} if atomic else {"DQ_ACC": None})), BWD_OPTIONS
         if tma:  # the same pass loading through tensor descriptors (BwdConfig.tma)
             yield prefill_bwd.dkdv_kernel, {**bwd, **descriptors(64, 128)}, ("scale", "scale_log2"), dict(
                 HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask,
-                **({} if atomic else {"DQ_ACC": None}))
+                **({} if atomic else {"DQ_ACC": None})), BWD_OPTIONS
     if backward:
         dq = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DQ=BF16, KV_COUNT=I32, KV_INDEX=I32,
                   FULL_COUNT=I32, FULL_INDEX=I32, **extra)
         yield prefill_bwd.dq_kernel, dq, ("scale", "scale_log2"), dict(
             HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, TASKS=None, N_TASKS=None, WS_DQ=None,
-            **mask, **NO_DESC)
+            **mask, **NO_DESC), BWD_OPTIONS
     if backward and tma:
         yield prefill_bwd.dq_kernel, {**dq, **descriptors(128, 64)}, ("scale", "scale_log2"), dict(
             HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, TASKS=None, N_TASKS=None, WS_DQ=None,
-            **mask)
+            **mask), BWD_OPTIONS
     if backward:  # both passes in one launch (BwdConfig.overlap), with and without tensor descriptors
         fused = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, DQ=BF16, WS_K=F32,
                      WS_V=F32, Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32,
@@ -171,15 +174,15 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
         for lead_first in (False, True):  # the two dispatch orders (ops.backward.LEAD_FIRST)
             yield prefill_bwd.bwd_kernel, fused, ("scale", "scale_log2"), dict(
                 **shapes, **mask, **NO_DESC, dq_desc_q=None, dq_desc_k=None, dq_desc_v=None, dq_desc_do=None,
-                LEAD_FIRST=lead_first), dict(num_warps=8, num_stages=3)
+                LEAD_FIRST=lead_first), BWD_OPTIONS
         shapes["LEAD_FIRST"] = False
         if tma:
             dq_descs = {"dq_" + n: t for n, t in descriptors(128, 64).items()}
             yield prefill_bwd.bwd_kernel, {**fused, **descriptors(64, 128), **dq_descs}, ("scale", "scale_log2"), \
-                dict(**shapes, **mask), dict(num_warps=8, num_stages=3)
+                dict(**shapes, **mask), BWD_OPTIONS
     if backward and split:  # the split dQ pass (BwdConfig.dq_split): tasks of balance.plan, float32 partial dQ
         yield prefill_bwd.dq_kernel, {**dq, "TASKS": I32, "N_TASKS": I32, "WS_DQ": F32}, ("scale", "scale_log2"), \
-            dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask, **NO_DESC)
+            dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask, **NO_DESC), BWD_OPTIONS
 
 
 def variants():
