@@ -178,7 +178,9 @@ def four_ways_bars(prefill: BenchFile, crossover: Optional[BenchFile], pattern: 
         colors.append(COLORS[impl])
         text.append(f"{at[impl]:.3g} ms ({at[impl] / ours:.2f}x ours)")
     fig = go.Figure(go.Scatter(x=names, y=ms, mode="markers+text", marker=dict(color=colors, size=14), text=text,
-                               textposition="middle right", cliponaxis=False, showlegend=False,
+                               # the last label to the left of its marker: to the right it runs off the figure
+                               textposition=["middle right"] * (len(names) - 1) + ["middle left"],
+                               cliponaxis=False, showlegend=False,
                                hovertemplate="%{x}: %{y:.4g} ms<extra></extra>"))
     lo, hi = math.log10(min(ms)), math.log10(max(ms))
     fig.update_layout(title=f"{pattern} at N={N}: forward, all from one run<br><sup>{f.caption()} "
