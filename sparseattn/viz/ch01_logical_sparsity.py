@@ -178,7 +178,9 @@ def four_ways_bars(prefill: BenchFile, crossover: Optional[BenchFile], pattern: 
         colors.append(COLORS[impl])
         text.append(f"{at[impl]:.3g} ms ({at[impl] / ours:.2f}x ours)")
     fig = go.Figure(go.Scatter(x=names, y=ms, mode="markers+text", marker=dict(color=colors, size=14), text=text,
-                               textposition="middle right", cliponaxis=False, showlegend=False,
+                               # the last label to the left of its marker: to the right it runs off the figure
+                               textposition=["middle right"] * (len(names) - 1) + ["middle left"],
+                               cliponaxis=False, showlegend=False,
                                hovertemplate="%{x}: %{y:.4g} ms<extra></extra>"))
     lo, hi = math.log10(min(ms)), math.log10(max(ms))
     fig.update_layout(title=f"{pattern} at N={N}: forward, all from one run<br><sup>{f.caption()} "
@@ -254,10 +256,11 @@ def _envelope(env: str, layout: BlockLayout) -> BlockLayout:
     return envelope_layout(env, layout.q_len, layout.kv_len)
 
 
-def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title: str = "") -> go.Figure:
+def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title: str = "",
+                measured_caption: str = "") -> go.Figure:
     """Top: the envelope's tile FLOPs, split into removed and remaining (allowed cells + masked cells of kept
     tiles). Bottom: time, cuDNN on the envelope against ours split into its terms (cost model), with the
-    measured times as black diamonds."""
+    measured times as black diamonds; ``measured_caption`` says where and when they were measured."""
     f = {k: v / 1e12 for k, v in ledger["flops"].items()}
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.22,
                         subplot_titles=("work: tile-matmul TFLOP of one forward (exact)",
@@ -284,7 +287,9 @@ def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title
                       legend=dict(font=dict(size=10), orientation="h", y=-0.12, yanchor="top"),
                       title=title or (f"N={lay.q_len}, B={s.B}, H={s.Hq}, D={s.D}: {ledger['tiles']['listed']} of "
                                       f"{ledger['tiles']['envelope']} envelope tiles kept; tables "
-                                      f"{ledger['index_bytes'] / 1e3:.1f} kB"), margin=dict(l=130, b=200))
+                                      f"{ledger['index_bytes'] / 1e3:.1f} kB")
+                      + (f"<br><sup>diamonds: {measured_caption}</sup>" if measured and measured_caption else ""),
+                      margin=dict(l=130, b=200))
     fig.update_xaxes(title_text="TFLOP", row=1, col=1)
     fig.update_xaxes(title_text="ms", row=2, col=1)
     fig.update_yaxes(title_text="work", row=1, col=1)

@@ -184,10 +184,10 @@ def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
         fig.update_yaxes(type="log", range=[math.log10(lo), math.log10(hi)], row=1, col=col)
     fig.update_yaxes(title_text="predicted ms (cost model, fitted elsewhere)", row=1, col=1)
     fig.update_yaxes(title_text="predicted ms", row=1, col=2)
-    fig.update_layout(height=540, title_font_size=12, legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
+    fig.update_layout(height=580, title_font_size=12, legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
                       title=f"Predicted vs measured on the crossover sweep<br><sup>left: the call replayed from a "
                             f"CUDA graph (no host work)<br>right: the eager call, event-timed<br>{caption}</sup>",
-                      margin=dict(t=130))
+                      margin=dict(t=170))  # four title lines above the panels' own titles
     fig.update_annotations(font_size=11)
     return tidy_log(fig)
 
