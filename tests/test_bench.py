@@ -151,6 +151,24 @@ def test_sweep_only_for_suites_with_configs():
     assert e.value.code == 2
 
 
+def test_sweep_shapes_option():
+    """``--sweep-shapes``: HxD pairs for ``backward --sweep`` only; one shape gets the whole budget."""
+    from sparseattn.bench import backward as BW
+    from sparseattn.bench.__main__ import main
+    assert BW.parse_sweep_shapes("16x128, 32X64") == ((16, 128), (32, 64))
+    assert BW.parse_sweep_shapes(None) == BW.SWEEP_SHAPES
+    for bad in ("16x", "x128", "16*128", "0x128", ""):
+        with pytest.raises(ValueError, match="sweep-shapes"):
+            BW.parse_sweep_shapes(bad)
+    assert BW.shape_shares(1) == (1.0,) and BW.shape_shares(2) == BW.SHAPE_SHARE
+    assert BW.shape_shares(3)[-1] == 1.0
+    for argv in (["backward", "--sweep-shapes", "16x128"], ["prefill", "--sweep", "--sweep-shapes", "16x128"],
+                 ["backward", "--sweep", "--sweep-shapes", "16by128"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+
+
 def test_gpu_slug():
     assert C.gpu_slug("NVIDIA H200") == "h200"
     assert C.gpu_slug("NVIDIA GeForce RTX 4090") == "rtx-4090"

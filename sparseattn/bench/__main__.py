@@ -77,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--merge", default=None,
                    help="an earlier file of the same suite and GPU (crossover, balance, balance_bwd, versus): its rows "
                         "of the parts, cases or table rows not measured now are kept")
+    g = ap.add_argument_group("backward --sweep")
+    g.add_argument("--sweep-shapes", default=None,
+                   help="comma-separated HEADSxHEAD_DIM shapes to sweep (default: 16x128,32x64; one shape gets the "
+                        "whole --budget-s)")
     g = ap.add_argument_group("balance, balance_bwd")
     g.add_argument("--cases", default=None,
                    help="comma-separated case numbers (0-based, in the suite's order) or names: measure only these "
@@ -116,6 +120,14 @@ def main(argv=None) -> int:
         ap.error(f"--sweep applies to the suites with configs to tune (prefill, backward, decode), not {args.suite}")
     if args.pool_sweep and args.suite != "routing":
         ap.error(f"--pool-sweep applies to the routing suite, not {args.suite}")
+    if args.sweep_shapes is not None:
+        if args.suite != "backward" or not args.sweep:
+            ap.error("--sweep-shapes applies to backward --sweep")
+        from .backward import parse_sweep_shapes
+        try:
+            args.sweep_shapes = parse_sweep_shapes(args.sweep_shapes)
+        except ValueError as e:
+            ap.error(str(e))
     if not torch.cuda.is_available():
         print("the benchmarks need a CUDA GPU", file=sys.stderr)
         return 2

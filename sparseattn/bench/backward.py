@@ -140,8 +140,36 @@ def sweep_rows(records: List[Record]) -> List[Record]:
 # ---------------------------------------------------------------------------------------------------------
 #: (head count, head dim) of the sweep's shapes: issue 13's D = 128 rows, then D = 64 with 32 heads if time is left
 SWEEP_SHAPES = ((16, 128), (32, 64))
-#: share of ``--budget-s`` the D = 128 shape may use before D = 64 starts
+#: share of ``--budget-s`` the D = 128 shape may use before D = 64 starts (one shape: all of it)
 SHAPE_SHARE = (0.65, 1.0)
+
+
+def shape_shares(n: int) -> tuple:
+    """The cumulative budget share of each of ``n`` sweep shapes: :data:`SHAPE_SHARE` for two, all for one,
+    equal parts otherwise."""
+    if n == len(SHAPE_SHARE):
+        return SHAPE_SHARE
+    return tuple((i + 1) / n for i in range(n))
+
+
+def parse_sweep_shapes(spec) -> tuple:
+    """``--sweep-shapes`` ("16x128,32x64": heads x head dim) as ``((16, 128), (32, 64))``; None: the default
+    :data:`SWEEP_SHAPES`."""
+    if spec is None:
+        return SWEEP_SHAPES
+    out = []
+    for part in str(spec).split(","):
+        try:
+            h, d = (int(x) for x in part.strip().lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--sweep-shapes must be comma-separated HxD pairs (e.g. 16x128,32x64), "
+                             f"got {spec!r}") from None
+        if h < 1 or d < 1:
+            raise ValueError(f"--sweep-shapes: heads and head dim must be >= 1, got {part!r}")
+        out.append((h, d))
+    if not out:
+        raise ValueError(f"--sweep-shapes names no shape: {spec!r}")
+    return tuple(out)
 SMEM_BYTES = 227 * 1024  # an H200 SM's shared memory for one program
 #: FlexAttention's sm90 D = 128 backward (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, 8 warps, 3 stages): the
 #: sweep starts from the configs nearest to it
@@ -251,11 +279,13 @@ def sweep(args) -> tuple:
     N = max(Ns)
     patterns = args.patterns.split(",") if args.patterns else list(SWEEP_PATTERNS)
     budget = getattr(args, "budget_s", 500.0)
-    shapes = getattr(args, "sweep_shapes", SWEEP_SHAPES)
+    shapes = getattr(args, "sweep_shapes", None) or SWEEP_SHAPES
+    if isinstance(shapes, str):
+        shapes = parse_sweep_shapes(shapes)
     dev, dtype = args.device, torch.bfloat16
     t0 = time.perf_counter()
     records, table = [], []
-    for (H, D), share in zip(shapes, SHAPE_SHARE):
+    for (H, D), share in zip(shapes, shape_shares(len(shapes))):
         if time.perf_counter() - t0 > budget * (share - 0.25):
             C.note(f"bwd sweep: no time left for H={H} D={D}")
             break
