@@ -68,7 +68,7 @@ class BlockLayout:
     """
 
     __slots__ = ("q_len", "kv_len", "block_q", "block_k", "kv_count", "kv_index", "full_count", "full_index",
-                 "mask_mod", "tile_bits", "row_slot", "dynamic", "_q_offset", "_plans")
+                 "mask_mod", "tile_bits", "row_slot", "dynamic", "_transposed_fixed", "_q_offset", "_plans")
 
     def __init__(self, kv_count, kv_index, full_count, full_index, *, q_len: int, kv_len: int,
                  block_q: int = 128, block_k: int = 128, mask_mod=None, tile_bits=None, row_slot=None,
@@ -86,6 +86,7 @@ class BlockLayout:
         self.tile_bits = tile_bits
         self.row_slot = row_slot  # member selections: uint8 [B, H, q_len, W], query row x partial slot
         self.dynamic = False  # set by the trusted constructors: table contents may change (copy_into)
+        self._transposed_fixed = (T.cdiv(self.q_len, self.block_q), True)  # a dynamic layout's (width, fast_launch)
         # derived data (transposed lists, launch plans), built on first use and cached here only: the layout's
         # own fields never change after construction and stats() never sees this
         self._plans: dict = {}
@@ -265,7 +266,7 @@ class BlockLayout:
                             tile_bits=None if self.tile_bits is None else self.tile_bits.to(device),
                             row_slot=None if self.row_slot is None else self.row_slot.to(device),
                             validate=False, q_offset=self.q_offset)
-        moved.dynamic = self.dynamic
+        moved.dynamic, moved._transposed_fixed = self.dynamic, self._transposed_fixed
         if "transposed" in self._plans:
             moved._plans["transposed"] = TransposedLists(*(t.to(device) for t in self._plans["transposed"]))
         return moved
@@ -359,7 +360,12 @@ class BlockLayout:
         return self._plans[key]
 
     def transposed_lists(self) -> TransposedLists:
-        """The transposed lists, built on first use and cached."""
+        """The transposed lists, built on first use and cached (a dynamic layout's by one launch at its fixed
+        width, no host sync: only the backward and a few conversions read them, so a forward-only step never
+        pays for them)."""
+        if self.dynamic:
+            width, fast = self._transposed_fixed
+            return self.plan("transposed", lambda: self.transpose_fixed(width, fast_launch=fast))
         return self.plan("transposed", self.transpose)
 
     @property
@@ -388,8 +394,8 @@ class BlockLayout:
         ``trusted=False``: validated like the constructor (a host sync), a static layout. ``trusted=True``: the
         caller guarantees the list rules (``route`` builds them so): no validation pass and no host sync; only
         shapes, dtypes and devices are checked. The layout is *dynamic*: its widths are fixed, its transposed
-        lists are built now by one launch with the fixed width ``transposed_width`` (default ``nq``, enough
-        for any column), and ops derive no plan from its contents, so :meth:`copy_into` may replace them. Its
+        lists are built on first use (the backward) by one launch with the fixed width ``transposed_width``
+        (default ``nq``, enough for any column), and ops derive no plan from its contents, so :meth:`copy_into` may replace them. Its
         partial tiles must be exact without looking at the contents: a mask_mod the kernels evaluate in
         registers (``causal``, bands, sinks, documents) or ``tile_bits``."""
         if trusted:
@@ -414,7 +420,7 @@ class BlockLayout:
         if not checked:
             layout._check_trusted()
         layout.dynamic = True
-        layout._plans["transposed"] = layout.transpose_fixed(transposed_width or layout.nq, fast_launch=fast_launch)
+        layout._transposed_fixed = (transposed_width or layout.nq, fast_launch)  # built on first use
         return layout
 
     @classmethod
@@ -494,10 +500,12 @@ class BlockLayout:
             src = getattr(self, name)
             if src is not None:
                 getattr(static, name).copy_(src)
-        dst = static.transposed_lists()
+        if "transposed" not in static._plans:  # built later from the lists just copied (in a capture, or eagerly)
+            return static
+        dst = static._plans["transposed"]
         width = dst.q_index.shape[-1]
-        src = self.transposed_lists()
-        if src.q_index.shape[-1] != width or src.full_q_index.shape[-1] != dst.full_q_index.shape[-1]:
+        src = self._plans.get("transposed")
+        if src is None or src.q_index.shape[-1] != width or src.full_q_index.shape[-1] != dst.full_q_index.shape[-1]:
             src = self.transpose_fixed(width)
         for a, b in zip(dst, src):
             a.copy_(b)

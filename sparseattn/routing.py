@@ -2,8 +2,9 @@
 
 ``route`` is content routing for prefill and training: every query block picks the key blocks it attends
 from pooled scores, and the result is a :class:`~sparseattn.layout.BlockLayout` built on the device with no
-host synchronisation and fixed widths, so routing and attention can be captured in one CUDA graph. Four
-launches (:mod:`sparseattn.kernels.route`, :mod:`sparseattn.kernels.transpose`):
+host synchronisation and fixed widths, so routing and attention can be captured in one CUDA graph. Three
+launches, and a fourth when the backward first needs it (:mod:`sparseattn.kernels.route`,
+:mod:`sparseattn.kernels.transpose`):
 
 1. pool: the mean of every query block and every key block (and, for ``pool="bound"``, the element-wise
    min and max of every key block), reading Q and K once, whole blocks a load;
@@ -14,7 +15,8 @@ launches (:mod:`sparseattn.kernels.route`, :mod:`sparseattn.kernels.transpose`):
    own) plus the top-k of
    the rest (and/or the fewest whose softmax mass reaches ``threshold``); ties go to the lower block index;
    written ascending, split into tiles that cross the diagonal (partial, masked by ``causal``) and full tiles;
-4. transpose: the column lists the backward pass walks (one fused launch).
+4. transpose: the column lists the backward pass walks (one fused launch), built by the layout on first use,
+   so a forward-only step (inference, a forward captured alone) never launches it.
 
 With ``RouteKernels.fused_select`` (:data:`FUSED`) steps 2 and 3 are one launch: each select program scores
 its query blocks against every key block itself, so no score matrix goes through memory (up to
@@ -431,7 +433,8 @@ def block_scores(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: 
 
 class Selection(NamedTuple):
     """What :func:`select_blocks` chose, before the layout is built: the row lists, the member bits and the
-    layout's mask_mod and shape. :meth:`to_layout` builds the index (the transposed lists) and the layout."""
+    layout's mask_mod and shape. :meth:`to_layout` builds the layout (its index, the transposed lists the
+    backward walks, on first use)."""
     kv_count: torch.Tensor
     kv_index: torch.Tensor
     full_count: torch.Tensor
@@ -444,9 +447,9 @@ class Selection(NamedTuple):
     block_k: int
 
     def to_layout(self) -> BlockLayout:
-        """The dynamic layout (one launch for the transposed lists, no host sync). The lists are route's
-        own (kinds, shapes, device and mask path right by construction), so with :data:`CURRENT` they are
-        not re-checked (:meth:`BlockLayout._dynamic`)."""
+        """The dynamic layout (no launch, no host sync; its transposed lists come with one launch when first
+        needed). The lists are route's own (kinds, shapes, device and mask path right by construction), so
+        with :data:`CURRENT` they are not re-checked (:meth:`BlockLayout._dynamic`)."""
         kn = _KERNELS[0]
         return BlockLayout._dynamic(self.kv_count, self.kv_index, self.full_count, self.full_index,
                                     q_len=self.q_len, kv_len=self.kv_len, block_q=self.block_q, block_k=self.block_k,
@@ -510,8 +513,8 @@ def route(q: torch.Tensor, k: torch.Tensor, block_q: int = 128, block_k: int = 1
     and its own ``member_topk`` best others, scored per row against the pooled keys (``layout.row_slot``).
 
     Returns a dynamic :class:`~sparseattn.layout.BlockLayout` (trusted: built without a validation pass or
-    a host sync; transposed lists included). The reported tiles are physical: a query block of
-    ``block_q`` rows reads each chosen ``block_q x block_k`` tile once, whatever its rows use.
+    a host sync; its transposed lists are built on first use). The reported tiles are physical: a query block
+    of ``block_q`` rows reads each chosen ``block_q x block_k`` tile once, whatever its rows use.
     """
     return select_blocks(q, k, block_q, block_k, topk=topk, threshold=threshold, causal=causal, local=local,
                          sinks=sinks, share=share, pool=pool, semantics=semantics, capacity=capacity,

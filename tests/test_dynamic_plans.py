@@ -161,3 +161,36 @@ def test_lead_first_dispatch_gives_the_same_bits(monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(got[False], got[True]))
         for g, w in zip(got[True], _reference(q, k, v, layout, do)[1:]):
             assert ((g.double() - w).norm() / w.norm()).item() < 1e-4
+
+
+def test_a_routed_layout_builds_its_transposed_lists_only_when_the_backward_needs_them():
+    """A forward-only step on a routed layout launches no transpose; the backward builds the lists once, at
+    the layout's fixed width, equal to the static layout's; ``copy_into`` a target that never built them
+    leaves them to be built from the copied lists, and the target's gradients equal the source's."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 16, requires_grad=True) for _ in range(3))
+    routed = sa.route(q.detach(), k.detach(), 32, 32, topk=2)
+    assert "transposed" not in routed._plans
+    o = sa.sparse_attention(q, k, v, routed)
+    assert "transposed" not in routed._plans  # the forward reads the row lists only
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    t = routed._plans["transposed"]
+    assert t.q_index.shape[-1] == routed.nq  # the fixed width, not the contents' longest column
+    static = BlockLayout.from_lists(routed.kv_count, routed.kv_index, routed.full_count, routed.full_index,
+                                    q_len=256, kv_len=256, block_q=32, block_k=32, mask_mod=routed.mask_mod)
+    assert torch.equal(routed.q_count, static.q_count) and torch.equal(routed.full_q_count, static.full_q_count)
+    target = BlockLayout.with_capacity(1, routed.H, 256, 256, 32, 32, width=routed.width,
+                                       full_width=routed.full_width, mask_mod=routed.mask_mod)
+    routed.copy_into(target)
+    assert "transposed" not in target._plans
+    o2 = sa.sparse_attention(q, k, v, target)
+    assert torch.equal(o2, o)
+    for a, b in zip(torch.autograd.grad(o2, (q, k, v), do), grads):
+        assert torch.equal(a, b)
+    # once built, the target's lists are refilled by the next copy_into
+    other = sa.route(torch.randn(1, 2, 256, 16), torch.randn(1, 2, 256, 16), 32, 32, topk=2)
+    other.copy_into(target)
+    assert torch.equal(target.q_count, other.q_count)
+    used = torch.arange(other.q_index.shape[-1]) < other.q_count.unsqueeze(-1)  # the tails are never read
+    assert torch.equal(target.q_index[used], other.q_index[used])
