@@ -51,6 +51,30 @@ def suite_module(name: str):
     return importlib.import_module(f"{__package__}.{SUITES[name]}")
 
 
+#: the options of one suite or a few: (help group, flag, argparse keywords)
+SUITE_OPTIONS = [
+    ("crossover", "--part", dict(default="all", help="fwd, bwd, decode, or a comma-separated list (default: all)")),
+    ("crossover", "--families", dict(
+        default=None, help="comma-separated: window, sinks_window, block_random, documents, routing (default: all)")),
+    ("crossover", "--keep-n", dict(default=None, help="comma-separated lengths of the kept-fraction families")),
+    ("crossover", "--merge", dict(
+        default=None, help="an earlier file of the same suite and GPU (crossover, balance, balance_bwd, versus): its "
+                           "rows of the parts, cases or table rows not measured now are kept")),
+    ("backward --sweep", "--sweep-shapes", dict(
+        default=None, help="comma-separated HEADSxHEAD_DIM shapes to sweep (default: 16x128,32x64; one shape gets "
+                           "the whole --budget-s)")),
+    ("balance, balance_bwd", "--cases", dict(
+        default=None, help="comma-separated case numbers (0-based, in the suite's order) or names: measure only "
+                           "these (split a suite over two runs: the second with --merge the first's file)")),
+    ("routing", "--pool-sweep", dict(
+        action="store_true", help="routing only: time every pool kernel variant (bench.routing.POOL_VARIANTS) beside "
+                                  "a streaming read of the same bytes, into routing-pool-<gpu>.json (a minute or two)")),
+    ("versus", "--rows", dict(
+        default=None, help="comma-separated row keys of issue 13's table (default: all, in the issue's order; "
+                           "--n and --patterns do not apply)")),
+]
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sparseattn.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,30 +93,11 @@ def parser() -> argparse.ArgumentParser:
                     help="crossover, versus, backward --sweep: stop starting FlexAttention compiles, new points, rows "
                          "or configs when this "
                          "many seconds have passed (default: %(default)s)")
-    g = ap.add_argument_group("crossover")
-    g.add_argument("--part", default="all", help="fwd, bwd, decode, or a comma-separated list (default: all)")
-    g.add_argument("--families", default=None,
-                   help="comma-separated: window, sinks_window, block_random, documents, routing (default: all)")
-    g.add_argument("--keep-n", default=None, help="comma-separated lengths of the kept-fraction families")
-    g.add_argument("--merge", default=None,
-                   help="an earlier file of the same suite and GPU (crossover, balance, balance_bwd, versus): its rows "
-                        "of the parts, cases or table rows not measured now are kept")
-    g = ap.add_argument_group("backward --sweep")
-    g.add_argument("--sweep-shapes", default=None,
-                   help="comma-separated HEADSxHEAD_DIM shapes to sweep (default: 16x128,32x64; one shape gets the "
-                        "whole --budget-s)")
-    g = ap.add_argument_group("balance, balance_bwd")
-    g.add_argument("--cases", default=None,
-                   help="comma-separated case numbers (0-based, in the suite's order) or names: measure only these "
-                        "(split a suite over two runs: the second with --merge the first's file)")
-    g = ap.add_argument_group("routing")
-    g.add_argument("--pool-sweep", action="store_true",
-                   help="routing only: time every pool kernel variant (bench.routing.POOL_VARIANTS) beside a streaming "
-                        "read of the same bytes, into routing-pool-<gpu>.json (a minute or two)")
-    g = ap.add_argument_group("versus")
-    g.add_argument("--rows", default=None,
-                   help="comma-separated row keys of issue 13's table (default: all, in the issue's order; "
-                        "--n and --patterns do not apply)")
+    groups = {}
+    for group, flag, kw in SUITE_OPTIONS:
+        if group not in groups:
+            groups[group] = ap.add_argument_group(group)
+        groups[group].add_argument(flag, **kw)
     return ap
 
 
