@@ -395,9 +395,9 @@ class BlockLayout:
         caller guarantees the list rules (``route`` builds them so): no validation pass and no host sync; only
         shapes, dtypes and devices are checked. The layout is *dynamic*: its widths are fixed, its transposed
         lists are built on first use (the backward) by one launch with the fixed width ``transposed_width``
-        (default ``nq``, enough for any column), and ops derive no plan from its contents, so :meth:`copy_into` may replace them. Its
-        partial tiles must be exact without looking at the contents: a mask_mod the kernels evaluate in
-        registers (``causal``, bands, sinks, documents) or ``tile_bits``."""
+        (default ``nq``, enough for any column), and ops derive no plan from its contents, so
+        :meth:`copy_into` may replace them. Its partial tiles must be exact without looking at the contents:
+        a mask_mod the kernels evaluate in registers (``causal``, bands, sinks, documents) or ``tile_bits``."""
         if trusted:
             return cls._dynamic(kv_count, kv_index, full_count, full_index, q_len=q_len, kv_len=kv_len,
                                 block_q=block_q, block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits,
@@ -505,7 +505,7 @@ class BlockLayout:
         dst = static._plans["transposed"]
         width = dst.q_index.shape[-1]
         src = self._plans.get("transposed")
-        if src is None or src.q_index.shape[-1] != width or src.full_q_index.shape[-1] != dst.full_q_index.shape[-1]:
+        if src is None or (src.q_index.shape[-1], src.full_q_index.shape[-1]) != (width, dst.full_q_index.shape[-1]):
             src = self.transpose_fixed(width)
         for a, b in zip(dst, src):
             a.copy_(b)

@@ -67,8 +67,9 @@ SUITE_OPTIONS = [
         default=None, help="comma-separated case numbers (0-based, in the suite's order) or names: measure only "
                            "these (split a suite over two runs: the second with --merge the first's file)")),
     ("routing", "--pool-sweep", dict(
-        action="store_true", help="routing only: time every pool kernel variant (bench.routing.POOL_VARIANTS) beside "
-                                  "a streaming read of the same bytes, into routing-pool-<gpu>.json (a minute or two)")),
+        action="store_true", help="routing only: time every pool kernel variant (bench.routing.POOL_VARIANTS) "
+                                  "beside a streaming read of the same bytes, into routing-pool-<gpu>.json (a minute "
+                                  "or two)")),
     ("versus", "--rows", dict(
         default=None, help="comma-separated row keys of issue 13's table (default: all, in the issue's order; "
                            "--n and --patterns do not apply)")),

@@ -170,6 +170,8 @@ def parse_sweep_shapes(spec) -> tuple:
     if not out:
         raise ValueError(f"--sweep-shapes names no shape: {spec!r}")
     return tuple(out)
+
+
 SMEM_BYTES = 227 * 1024  # an H200 SM's shared memory for one program
 #: FlexAttention's sm90 D = 128 backward (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, 8 warps, 3 stages): the
 #: sweep starts from the configs nearest to it
