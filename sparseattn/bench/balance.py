@@ -151,13 +151,9 @@ def merged_records(args, suite: str, measured: list) -> list:
     path = getattr(args, "merge", None)
     if not path:
         return []
-    from .record import load_path
-    old = load_path(path)
-    if old.suite != suite:
-        raise ValueError(f"--merge expects a {suite!r} file, got suite {old.suite!r} ({path})")
-    if torch.cuda.is_available() and old.meta.get("device") != torch.cuda.get_device_name(0):
-        raise ValueError(f"--merge: {path} was measured on {old.meta.get('device')!r}, this run on "
-                         f"{torch.cuda.get_device_name(0)!r}")
+    from .record import check_merge_source, load_path
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    old = check_merge_source(load_path(path), suite, device, path)
     base_n = int(str(args.n).split(",")[0])
     now = {(max(BLOCK, int(base_n * CASES[n][1])), CASES[n][0]) for n in measured}  # (N, H) calibrated now
     keep = []

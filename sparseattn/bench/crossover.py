@@ -59,7 +59,7 @@ from ..roofline.crossover import (KEEP_GRID, N_GRID, bracket, crossing, envelope
 from ..routing import select_pages
 from . import _common as C
 from ._common import RESERVE_S, Budget  # noqa: F401 - the run's time budget (one home, shared with versus)
-from .record import BenchFile, Impl, Pass, Record, load_path
+from .record import BenchFile, Impl, Pass, Record, check_merge_source, load_path
 
 NAME = "crossover"
 DEFAULT_N = ",".join(str(n) for n in N_GRID)
@@ -125,11 +125,7 @@ def merged_rows(path: Optional[str], parts: List[str], device: str) -> tuple:
     meta they bring (``parts``: when each was measured; ``profiles``, recorded with the decode part)."""
     if not path:
         return [], {"parts": {}}
-    old = load_path(path)
-    if old.suite != NAME:
-        raise ValueError(f"--merge expects a {NAME!r} file, got suite {old.suite!r} ({path})")
-    if old.meta["device"] != device:
-        raise ValueError(f"--merge: {path} was measured on {old.meta['device']!r}, this run is on {device!r}")
+    old = check_merge_source(load_path(path), NAME, device, path)
     keep = [r for r in old.records if part_of(r) not in parts]
     meta = {"parts": {p: m for p, m in old.meta.get("parts", {}).items() if p not in parts}}
     if "decode" not in parts and "profiles" in old.meta:

@@ -265,6 +265,16 @@ def load_path(path: Union[str, pathlib.Path]) -> BenchFile:
         return BenchFile.from_json(json.load(f))
 
 
+def check_merge_source(old: BenchFile, suite: str, device: Optional[str], where: str = "the file") -> BenchFile:
+    """``old`` if a ``--merge`` run of ``suite`` on ``device`` may keep its rows: the same suite, measured on the
+    same device (``device`` None: not checked, e.g. a CPU test); else ValueError naming ``where``."""
+    if old.suite != suite:
+        raise ValueError(f"--merge expects a {suite!r} file, got suite {old.suite!r} ({where})")
+    if device is not None and old.meta.get("device") != device:
+        raise ValueError(f"--merge: {where} was measured on {old.meta.get('device')!r}, this run is on {device!r}")
+    return old
+
+
 def load(suite: str, gpu: str = "h200", *, sweep: bool = False,
          directory: Union[str, pathlib.Path, None] = None) -> BenchFile:
     """The recorded ``<suite>-<gpu>.json`` (``sweep=True``: ``<suite>-sweep-<gpu>.json``) from ``directory``

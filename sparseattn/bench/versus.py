@@ -41,7 +41,7 @@ from ..ops import mask_path_name, sparse_attention
 from . import _common as C
 from .cases import prefill_layout, prefill_mask_mod
 from .layout_build import FLEX_MASK_MODES, flex_block_mask_call
-from .record import BenchFile, Impl, Pass, Record, load_path
+from .record import BenchFile, Impl, Pass, Record, check_merge_source, load_path
 
 NAME = "versus"
 DEFAULT_N = "32768"  # the rows fix their own lengths; --n does not apply
@@ -378,10 +378,7 @@ def kept_rows(old: Optional[BenchFile], measured: List[str], device: str) -> Kep
     row's meta stamped with the date it was measured (the old file's, unless it already carries one)."""
     if old is None:
         return Kept([], [], {}, None)
-    if old.suite != NAME:
-        raise ValueError(f"--merge expects a {NAME!r} file, got suite {old.suite!r}")
-    if old.meta["device"] != device:
-        raise ValueError(f"--merge: the file was measured on {old.meta['device']!r}, this run is on {device!r}")
+    check_merge_source(old, NAME, device)
     date = old.meta["date"]
     records = [r for r in old.records if r.case.get("row") not in measured]
     lines = [x for x in old.meta.get("lines", []) if x["row"] not in measured]
