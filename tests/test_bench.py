@@ -672,6 +672,10 @@ def test_routing_suite_on_cpu(cpu_stand_ins, tmp_path):
     assert all(r.get("ms_first_kernels") > 0 and r.get("ms_fused_kernels") > 0
                for r in bf.select(Impl.OURS, Pass.ROUTE, Hkv=1))
     assert bf.one(Impl.OURS, Pass.STEP_GRAPH, **main).get("graph_equals_eager") is True
+    paired = bf.one(Impl.OURS, Pass.STEP_GRAPH, **main).get("paired")  # the step's graph against the fwd's
+    assert paired["rounds"] == R.PAIRED_ROUNDS and paired["base_ms"] > 0 and paired["step_ms"] > 0
+    assert paired["spread"][0] <= paired["added_ms"] <= paired["spread"][1]
+    assert paired["share"] == pytest.approx(paired["added_ms"] / paired["step_ms"])
     assert bf.one(Impl.OURS, Pass.TRAIN_STEP_GRAPH, **main).get("graph_equals_eager") is True
     assert bf.distinct("N", impl=Impl.FLEX, pass_=Pass.STEP) == [64]
     assert bf.ms(Impl.CUDNN, Pass.FWD, N=64, pattern="causal") > 0

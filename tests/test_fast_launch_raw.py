@@ -78,3 +78,41 @@ def test_raw_entry_gets_tritons_argument_list(monkeypatch, metas):
     for got, want in zip(ours, theirs):
         assert got is want or got == want if not isinstance(want, torch.Tensor) else got is want
     F.clear()
+
+
+def test_kept_expansions_are_the_ones_a_new_encoding_gives(monkeypatch):
+    """A descriptor's expansion (its tensor map) is encoded once per address, shape, strides and padding: the
+    same tensor again reuses it, another tensor gets its own (another shape or strides is another cache key
+    altogether) -- each launch's arguments stay the ones Triton's launcher builds for that call."""
+    import triton
+    fills = []
+
+    class _Counting(_FakeDriver):
+        class utils:
+            @staticmethod
+            def fill_tma_descriptor(*args):
+                fills.append(args)
+                return _FakeDriver.utils.fill_tma_descriptor(*args)
+    monkeypatch.setattr(triton.runtime.driver, "_active", _Counting())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+    metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 16, 32], "fp4_padded": False}] * 2
+    calls = []
+    fn, compiled = _kernel_and_launcher(metas, calls)
+    monkeypatch.setattr(F, "_jit_fn", lambda kernel: (None, fn))
+    F.clear()
+    x = torch.zeros(4)
+    b1, a1, a2 = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
+    static = F.Static(X=x, n=5, FLAG=True, desc_b=_desc(b1, 16))
+    kernel = object()
+    F.launch(kernel, (1,), static, dict(desc_a=_desc(a1, 16), Y=x), lambda: compiled)  # binds
+    for t, new_fill in ((a2, True), (a2, False), (a1, True), (a1, False), (a2, False)):
+        before = len(fills)
+        F.launch(kernel, (1,), static, dict(desc_a=_desc(t, 16), Y=x), lambda: pytest.fail("must hit"))
+        assert len(fills) - before == int(new_fill)
+        ours = calls.pop()
+        compiled.run(1, 1, 1, 77, 1234, (4, 1, 0), None, None, None, x, _desc(t, 16), 5, True, _desc(b1, 16), x)
+        theirs = calls.pop()
+        assert [g for g in ours if not isinstance(g, torch.Tensor)] == \
+            [w for w in theirs if not isinstance(w, torch.Tensor)]
+    F.clear()

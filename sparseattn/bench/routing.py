@@ -44,7 +44,7 @@ DRIFTS = [0.1, 0.3, 0.5]  # stale selections: routed on inputs with this share o
 RECALL_ROWS = 512  # sampled query rows per recall
 TOPICS, CONTRAST = 64, 5.5  # synthetic inputs: topic directions, logit gap of a matching key
 COLUMNS = ["N", "topk", "route", "route_again", "route_first", "route_fused", "index", "index_first", "transpose", "fwd", "step",
-           "step_graph", "overhead", "flex_route", "flex_index", "flex_fwd", "flex_step", "flex_step_graph", "speedup",
+           "step_graph", "overhead", "added", "flex_route", "flex_index", "flex_fwd", "flex_step", "flex_step_graph", "speedup",
            "eager_speedup", "train_graph", "flex_train", "train_speedup", "cudnn_causal", "recall"]
 
 
@@ -152,6 +152,29 @@ def _graph(fn: Callable, what: str, errors: dict):
         return None, None
 
 
+PAIRED_ROUNDS = 7  #: rounds of :func:`paired_added_ms`
+
+
+def paired_added_ms(base: Callable, step: Callable, errors: dict, rounds: int = PAIRED_ROUNDS) -> Optional[dict]:
+    """What ``step`` adds to ``base`` (two CUDA-graph replays: the routed step, and the attention forward alone
+    on its layout): each round times one right after the other, and the median of the per-round differences
+    is kept: two medians measured minutes apart can differ by a few percent (clocks, the run's other work),
+    the size of what is measured here.
+    ``{"base_ms", "step_ms", "added_ms", "share", "rounds", "spread"}`` (medians; ``share`` = added / step;
+    ``spread``: the lowest and highest per-round difference), None with the reason in ``errors``."""
+    import statistics
+    try:
+        pairs = [(C.time_gpu(base), C.time_gpu(step)) for _ in range(rounds)]
+    except Exception as e:  # noqa: BLE001
+        errors["paired"] = f"{type(e).__name__}: {str(e)[:300]}"
+        return None
+    added = [s - b for b, s in pairs]
+    step_ms = statistics.median(s for _, s in pairs)
+    return {"base_ms": statistics.median(b for b, _ in pairs), "step_ms": step_ms,
+            "added_ms": statistics.median(added), "share": statistics.median(added) / step_ms,
+            "rounds": rounds, "spread": [min(added), max(added)]}
+
+
 def sync_free(fn: Callable) -> Optional[bool]:
     """Whether ``fn`` runs without a host synchronisation (``torch.cuda.set_sync_debug_mode("error")``), None
     off CUDA."""
@@ -244,11 +267,17 @@ def _case(args, N: int, topk: int, full: bool, records: list) -> dict:
     if o_graph is not None:
         graph.replay()
         graph_extra["graph_equals_eager"] = bool(torch.equal(o_graph, sparse_attention(q, k, v, route(q, k, **kw))))
+        if full:  # what routing adds to the step, as a difference of two graphs timed back to back
+            fwd_graph, _ = _graph(lambda: sparse_attention(q, k, v, layout), "fwd graph", errors)
+            if fwd_graph is not None:
+                graph_extra["paired"] = paired_added_ms(fwd_graph.replay, graph.replay, errors)
     _record(records, case, Impl.OURS, Pass.STEP_GRAPH, ms_graph, errors, "step graph", **graph_extra)
     row.update(route=_fmt(ms_route, 4), index=_fmt(ms_index, 4), fwd=_fmt(ms_fwd), step=_fmt(ms_step),
                step_graph=_fmt(ms_graph), recall=round(rec.mean(), 3))
     if ms_route and ms_index and ms_graph:
         row["overhead"] = f"{(ms_route + ms_index) / ms_graph:.0%}"
+    if graph_extra.get("paired"):
+        row["added"] = f"{graph_extra['paired']['share']:.1%}"  # the step's graph beyond the forward's graph
 
     if full:
         _train(q, k, v, kw, layout, case, records, errors, row)
