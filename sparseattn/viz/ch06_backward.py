@@ -18,7 +18,7 @@ from . import COLORS
 from ._axes import tidy_log
 
 __all__ = ["column_work", "column_work_figure", "backward_figure", "versus_bwd", "versus_bwd_figure",
-           "versus_caption"]
+           "versus_caption", "versus_row_dates"]
 
 
 def column_work(N: int = 32768, chunk: Optional[int] = None) -> dict:
@@ -131,12 +131,22 @@ def versus_caption(doc: BenchFile, sep: str = "; ") -> str:
     extra = ", ".join(f"{name} {m[k]}" for k, name in (("cuda", "CUDA"), ("cudnn", "cuDNN"),
                                                        ("sparseattn", "sparseattn")) if k in m)
     parts = [doc.caption()] + ([extra] if extra else [])
-    src = m.get("merged_from")
-    if src:  # a few rows re-measured over an earlier run (``--merge``): say which ran when
-        kept = set(src["rows"])
-        again = [k for k in dict.fromkeys(x["row"] for x in m.get("lines", [])) if k not in kept]
-        parts.append(f"rows {', '.join(again)} at {m['date'][11:16]} UTC, the others at {src['date'][11:16]} UTC")
+    if m.get("merged_from"):  # rows re-measured over earlier runs (``--merge``, maybe more than once): which ran when
+        by_date = {}
+        for row, date in versus_row_dates(doc).items():
+            by_date.setdefault(date, []).append(row)
+        most = max(by_date, key=lambda d: len(by_date[d]))
+        when = [f"rows {', '.join(rows)} at {d[11:16]} UTC" for d, rows in sorted(by_date.items()) if d != most]
+        parts.append(", ".join(when) + f", the others at {most[11:16]} UTC")
     return sep.join(parts)
+
+
+def versus_row_dates(doc: BenchFile) -> dict:
+    """When each row of a ``versus`` file was measured (ISO date), in table order: the date its meta carries
+    (stamped by ``--merge``), else the file's."""
+    m = doc.meta
+    return {k: m.get("rows", {}).get(k, {}).get("date", m["date"])
+            for k in dict.fromkeys(x["row"] for x in m.get("lines", []))}
 
 
 def versus_bwd_figure(doc: BenchFile) -> go.Figure:
