@@ -122,6 +122,47 @@ def test_tma_loads_both_passes(name, dtype, deterministic):
     check_grads(layout, q, k, v, deterministic=deterministic, bwd_config=cfg)
 
 
+def _descriptor_reduce(self, kind, desc, value, indices):
+    """The copy engine's bulk reduce-add (``desc.atomic_add``) for Triton 3.6's interpreter, which lacks it:
+    rows and columns outside the descriptor's shape are dropped as the hardware clips them. The interpreter
+    runs one program at a time, so a load, add and store is the atomic add."""
+    assert kind == kind.ADD
+    ptrs, mask = desc.materialize_pointers(indices)
+    old = self.create_masked_load(ptrs, mask, None, cache_modifier=None, eviction_policy=None, is_volatile=False)
+    return self.create_masked_store(ptrs, self.create_fadd(old, value), mask, None, None)
+
+
+@pytest.mark.parametrize("name", ["sinks+window", "document"])
+def test_atomic_dq_through_a_descriptor(name, monkeypatch):
+    """``ops.backward.ATOMIC_DQ_TMA``: the atomic path's dQ added tile by tile through a descriptor of the
+    float32 accumulator (``cp.reduce.async.bulk`` on the GPU), with an interpreter stand-in for the bulk
+    reduce; GQA and a length that ends inside a tile (the last tile's rows past the end must be dropped,
+    not written). Same gradients as the fp64 reference, and dQ within float32 rounding of the element
+    atomics' (they add the same products in another order)."""
+    from triton.runtime.interpreter import InterpreterBuilder
+    from sparseattn.ops import backward as bwd
+    monkeypatch.setattr(InterpreterBuilder, "create_descriptor_reduce", _descriptor_reduce, raising=False)
+    L = 150
+    layout = BlockLayout.from_mask_mod(PATTERNS[name], L, L, 32, 32, device="cpu")
+    cfg = BwdConfig(block_m=16, block_n=32, dq_block_m=32, dq_block_n=16, num_warps=4, num_stages=1, chunk=2,
+                    tma=True)
+    torch.manual_seed(0)
+    q = rand(1, 4, L, 32)
+    k, v = (rand(1, 2, L, 32) for _ in range(2))
+    launched = []
+    real = bwd.L.launch
+    monkeypatch.setattr(bwd.L, "launch", lambda kernel, grid, **kw: launched.append(kw.get("DQ_ACC"))
+                        or real(kernel, grid, **kw))
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_TMA", True)
+    torch.manual_seed(1)
+    bulk = check_grads(layout, q, k, v, deterministic=False, bwd_config=cfg)
+    assert any(type(a).__name__ == "TensorDescriptor" for a in launched)  # the bulk path really ran
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_TMA", False)
+    torch.manual_seed(1)
+    elementwise = check_grads(layout, q, k, v, deterministic=False, bwd_config=cfg)
+    torch.testing.assert_close(bulk[0], elementwise[0], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("value", [1, None, "yes"])
 def test_bad_overlap_names_the_field(value):
     layout = BlockLayout.from_mask_mod(P.causal(), 64, 64, 32, 32, device="cpu")

@@ -43,9 +43,10 @@ REUSE_HKV = 4  # GQA: 16 query heads on 4 KV heads for the head-sharing rows
 DRIFTS = [0.1, 0.3, 0.5]  # stale selections: routed on inputs with this share of fresh noise mixed in
 RECALL_ROWS = 512  # sampled query rows per recall
 TOPICS, CONTRAST = 64, 5.5  # synthetic inputs: topic directions, logit gap of a matching key
-COLUMNS = ["N", "topk", "route", "route_again", "route_first", "route_fused", "index", "index_first", "transpose", "fwd", "step",
-           "step_graph", "overhead", "added", "flex_route", "flex_index", "flex_fwd", "flex_step", "flex_step_graph", "speedup",
-           "eager_speedup", "train_graph", "flex_train", "train_speedup", "cudnn_causal", "recall"]
+COLUMNS = ["N", "topk", "route", "route_again", "route_first", "route_fused", "index", "index_first", "transpose",
+           "fwd", "step", "step_graph", "overhead", "added", "flex_route", "flex_index", "flex_fwd", "flex_step",
+           "flex_step_graph", "speedup", "eager_speedup", "train_graph", "flex_train", "train_speedup",
+           "cudnn_causal", "recall"]
 
 
 def routing_inputs(B: int, Hq: int, Hkv: int, N: int, D: int, dtype, device, seed: int = 0,

@@ -11,7 +11,10 @@ program in one launch (``BwdConfig.overlap``); the kernels are thin entries arou
 ``_dq_program``.
 
 Atomic path (5 tile matmuls, ``DQ_ACC`` given): the dK/dV program also forms ``dQ_i += dS_ij K_j`` and adds
-it into a float32 dQ with ``tl.atomic_add``; the order of those additions varies from run to run.
+it into a float32 dQ with ``tl.atomic_add``; the order of those additions varies from run to run. ``DQ_ACC``
+may be a tensor descriptor of the accumulator (``DQ_TMA``): then each tile's dQ goes out as one bulk
+reduce-add by the copy engine (TMA), the way FlashAttention-3 accumulates dQ, instead of ``BM x D``
+element atomics issued by the program's threads; rows past the sequence end are clipped by the copy engine.
 
 Long columns (a sink key tile is visited by every query tile) are cut into chunks of at most ``chunk``
 listed query tiles; chunks write partial dK/dV to a workspace that is summed in a fixed order afterwards.
@@ -39,7 +42,7 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, l
                 HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
                 HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr, DQ_TMA: tl.constexpr):
     """Accumulate dK, dV ``[BN, D]`` of one key sub-tile over the query tiles at positions ``[lo, hi)`` of its
     column list ``COL_INDEX[col]``. Tiles are handled transposed (``[BN keys, BM queries]``) so dK and dV
     come out of the dots without a transpose."""
@@ -79,12 +82,16 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, l
         b_dk = tl.dot(b_dst.to(b_q.dtype), b_q, b_dk, input_precision=DOT_PRECISION)  # [BN, D]
         if ATOMIC_DQ:
             b_dq = tl.dot(tl.trans(b_dst.to(b_k.dtype)), b_k, input_precision=DOT_PRECISION)  # [BM, D]
-            p_dq = dq_base + offs_m[:, None] * stride_dqm + tl.arange(0, HEAD_DIM)[None, :]  # [BM, D]
-            tl.atomic_add(p_dq, b_dq, mask=m_ok[:, None], sem="relaxed")
+            if DQ_TMA:  # dq_base is the accumulator's descriptor: one bulk reduce-add, rows past Lq clipped
+                dq_base.atomic_add([b, hq, m_start, 0], b_dq.reshape(1, 1, BLOCK_M, HEAD_DIM))
+            else:
+                p_dq = dq_base + offs_m[:, None] * stride_dqm + tl.arange(0, HEAD_DIM)[None, :]  # [BM, D]
+                tl.atomic_add(p_dq, b_dq, mask=m_ok[:, None], sem="relaxed")
     return b_dk, b_dv
 
 
-@triton.heuristics({**PREFILL_FLAGS, "ATOMIC_DQ": lambda a: a["DQ_ACC"] is not None})
+@triton.heuristics({**PREFILL_FLAGS, "ATOMIC_DQ": lambda a: a["DQ_ACC"] is not None,
+                    "DQ_TMA": lambda a: type(a["DQ_ACC"]).__name__ == "TensorDescriptor"})
 @triton.jit
 def dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,
@@ -100,6 +107,7 @@ def dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
+    DQ_TMA: tl.constexpr,
 ):
     """One program per (dK/dV work item, batch * KV head): :func:`_dkdv_program`."""
     _dkdv_program(
@@ -114,7 +122,7 @@ def dkdv_kernel(
         Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
         band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
         HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N,
-        USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA)
+        USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA)
 
 
 @triton.jit
@@ -131,6 +139,7 @@ def _dkdv_program(w, bh, Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, de
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
+    DQ_TMA: tl.constexpr,
 ):
     """dK and dV of work item ``w`` (a key sub-tile and a chunk of its column) for batch * KV head ``bh``."""
     # ---- work item: key sub-tile, which chunk of its column, where the result goes --------------------------
@@ -164,8 +173,8 @@ def _dkdv_program(w, bh, Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, de
         hi = tl.minimum(lo + chunk, n_partial + n_full)
         q_base = Q + b.to(tl.int64) * stride_qb + hq.to(tl.int64) * stride_qh
         do_base = DO + b.to(tl.int64) * stride_dob + hq.to(tl.int64) * stride_doh
-        dq_base = DQ_ACC  # None on the deterministic path
-        if ATOMIC_DQ:
+        dq_base = DQ_ACC  # None on the deterministic path; the descriptor itself with DQ_TMA
+        if ATOMIC_DQ and not DQ_TMA:
             dq_base = DQ_ACC + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh
         lse_base = LSE + (b * Hq + hq).to(tl.int64) * Lq
         delta_base = DELTA + (b * Hq + hq).to(tl.int64) * Lq
@@ -179,7 +188,7 @@ def _dkdv_program(w, bh, Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, de
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, True, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA)
         b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, lse_base,
                                  delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, FULL_Q_INDEX, Q_SLOT, col, FWT,
@@ -188,7 +197,7 @@ def _dkdv_program(w, bh, Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, de
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, False, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA)
 
     b_dk = b_dk * scale
     if ws_slot < 0:
@@ -404,7 +413,7 @@ def bwd_kernel(
             Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
             band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
             HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N,
-            USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, False, DOT_PRECISION, USE_FN, USE_TMA)
+            USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, False, DOT_PRECISION, USE_FN, USE_TMA, False)
     else:
         j = pid - n_items
         b = bh // Hkv

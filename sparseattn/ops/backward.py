@@ -175,8 +175,11 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
                  **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma, prefix="dq_desc_"),
                  num_stages=cfg.num_stages)
     else:
+        # the atomic path's accumulator: a tensor descriptor when dQ is added by the copy engine (ATOMIC_DQ_TMA)
+        acc = L.tensor_descriptors(D, dq=(dq_acc, cfg.block_m))["desc_dq"] \
+            if dq_acc is not None and tma and ATOMIC_DQ_TMA and _bulk_reduce_runs() and L.tma_ok(dq_acc) else dq_acc
         L.launch(prefill_bwd.dkdv_kernel, st["dkdv_grid"], static=st["dkdv"], **per_call.get("dkdv", {}), DK=dk,
-                 DV=dv, DQ_ACC=dq_acc, WS_K=ws_k, WS_V=ws_v, **tensors,
+                 DV=dv, DQ_ACC=acc, WS_K=ws_k, WS_V=ws_v, **tensors,
                  **_descriptors(q, k, v, do, cfg.block_m, cfg.block_n, tma), num_stages=cfg.num_stages)
     if plan.reduce.shape[0]:  # fixed-order sum of the chunks of split columns (no host sync)
         L.launch(prefill_bwd.column_reduce_kernel, st["reduce_grid"], static=st["reduce"],
@@ -206,6 +209,23 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: 0.96 / 0.88 / 0.84 / 0.80x FlexAttention at N = 2k / 3k / 4k / 8k against 1.18 / 1.13 / 1.03 / 0.89x head
 #: by head; level at 1.5k and 32k and on a plain window (+-1%, no split columns there).
 LEAD_FIRST = True
+
+#: The atomic path's dQ accumulation when the pass loads through tensor descriptors: True, each tile's float32
+#: dQ goes to the accumulator as one bulk reduce-add by the copy engine (a descriptor of the accumulator,
+#: ``cp.reduce.async.bulk.tensor``, as FlashAttention-3 does); False, ``BM x D`` element atomics from the
+#: program's threads. Compiled for sm90 on a CPU (tests/tools/compile_sm90.py): the bulk variant spills 408
+#: bytes a thread against 776 (64 x 128 tiles, 8 warps, 3 stages, tensor-descriptor loads). Off until an A/B
+#: on the GPU (``checks/atomic-dq-tma.py``) and ``tests/gpu/test_gpu_backward.py`` have run it.
+ATOMIC_DQ_TMA = False
+
+
+def _bulk_reduce_runs() -> bool:
+    """Whether a descriptor's ``atomic_add`` runs here: on a GPU (compiled), and in an interpreter that
+    implements it (Triton 3.6's does not; the element atomics run there instead)."""
+    if not _runtime.is_interpreter():
+        return True
+    from triton.runtime.interpreter import InterpreterBuilder
+    return hasattr(InterpreterBuilder, "create_descriptor_reduce")
 
 
 def one_launch(cfg: BwdConfig, deterministic: bool) -> bool:

@@ -207,3 +207,30 @@ def test_backward_launches_only_its_own_kernels(pattern, N):
     assert sorted(names) == sorted(want), names
     shape = {"B": 1, "Hq": 16, "D": 128, "dtype": "bf16"}
     assert len(names) == work_of(layout.to("cpu"), shape, "bwd", cfg).launches
+
+
+@pytest.mark.parametrize("name", ["causal", "sinks+window"])
+def test_atomic_dq_through_the_copy_engine(name, monkeypatch):
+    """``ops.backward.ATOMIC_DQ_TMA``: the atomic path's dQ added by ``cp.reduce.async.bulk`` through a
+    descriptor of the float32 accumulator, tensor-descriptor loads forced on; a length that ends inside a
+    tile and GQA. Against the fp64 reference, and dQ against the element atomics' (the same products added
+    in another order)."""
+    from sparseattn.ops import backward as bwd
+    torch.manual_seed(3)
+    L, Hq, Hkv, D = 3000, 4, 2, 128
+    layout = BlockLayout.from_mask_mod(PATS[name], L, L, 128, 128, device="cuda")
+    q = torch.randn(1, Hq, L, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, Hkv, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+    cfg = dataclasses.replace(bwd_config(q, layout), tma=True)
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_TMA", True)
+    bulk = _grads(layout, q, k, v, do, deterministic=False, bwd_config=cfg)
+    monkeypatch.setattr(bwd, "ATOMIC_DQ_TMA", False)
+    elementwise = _grads(layout, q, k, v, do, deterministic=False, bwd_config=cfg)
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    ref = torch.autograd.grad(sa.reference_attention(qd, kd, vd, layout.to_dense()), (qd, kd, vd), do.double())
+    for name_, g, r in zip("qkv", bulk, ref):
+        assert not torch.isnan(g).any()
+        assert _rel(g, r) < 2e-2, (name_, _rel(g, r))
+    assert _rel(bulk[0].float(), elementwise[0].double()) < 1e-2
+

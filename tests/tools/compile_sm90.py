@@ -39,6 +39,10 @@ class _Arg:  # what a @triton.heuristics lambda may look at: a tensor's dtype, o
         self.dtype = dtype
 
 
+class TensorDescriptor(_Arg):  # a host-side descriptor argument, as a heuristic sees its type's name
+    pass
+
+
 def compile_variant(kernel, ptrs: dict, floats=(), consts=None, options=None) -> str:
     """Compile ``kernel`` with pointer args ``ptrs`` (name -> type), fp32 scalars ``floats``, constexprs
     ``consts`` (None = an absent optional tensor), launch ``options`` (num_warps, num_stages); every other
@@ -46,7 +50,8 @@ def compile_variant(kernel, ptrs: dict, floats=(), consts=None, options=None) ->
     jit = kernel.fn if isinstance(kernel, triton.runtime.autotuner.Heuristics) else kernel
     consts = dict(consts or {})
     if jit is not kernel:  # evaluate the heuristics the way a launch would
-        seen = {n: _Arg(torch.bfloat16 if ptrs.get(n) == BF16 else torch.float32) for n in ptrs}
+        seen = {n: (TensorDescriptor if t.startswith("tensordesc") else _Arg)(
+            torch.bfloat16 if t in (BF16,) or "bf16" in t else torch.float32) for n, t in ptrs.items()}
         seen.update({n: 1 for n in jit.arg_names if n not in ptrs and n not in consts})
         seen.update(consts)
         for name, rule in kernel.values.items():
@@ -156,6 +161,10 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
             yield prefill_bwd.dkdv_kernel, {**bwd, **descriptors(64, 128)}, ("scale", "scale_log2"), dict(
                 HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask,
                 **({} if atomic else {"DQ_ACC": None})), BWD_OPTIONS
+        if tma and atomic:  # dQ added by the copy engine: the float32 accumulator as a descriptor (DQ_TMA)
+            yield prefill_bwd.dkdv_kernel, {**bwd, **descriptors(64, 128),
+                                            "DQ_ACC": "tensordesc<fp32[1,1,64,128]>"}, ("scale", "scale_log2"), \
+                dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, **mask), BWD_OPTIONS
     if backward:
         dq = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DQ=BF16, KV_COUNT=I32, KV_INDEX=I32,
                   FULL_COUNT=I32, FULL_INDEX=I32, **extra)
