@@ -203,7 +203,9 @@ def load_points(bench_dir=None, docs: Optional[Dict[str, dict]] = None) -> List[
 
 #: The id prefix of the host suites' device points (:func:`host_suite_device_points`) and their files.
 HOST_DEVICE_PREFIX = "host:"
-HOST_DEVICE_FILES = tuple(sorted(set(H.HOST_FILES.values()))) + ("checks/host-bwd-profile-h200.json",)
+#: (the host suites of both paths as first recorded: a later host-only re-recording, such as the fast-launch
+#: path's current file, prices ``T_host`` and adds no device point)
+HOST_DEVICE_FILES = ("checks/host-before-delta-kernel-h200.json", "host-h200.json", "checks/host-bwd-profile-h200.json")
 #: Ops whose short-end device points come only from these files: recorded with the op's current kernels
 #: (our backward changed after the other host recordings; see :data:`SUPERSEDED`).
 DEVICE_CURRENT = {("sparseattn", "bwd"): ("checks/host-bwd-profile-h200.json",)}
@@ -805,7 +807,7 @@ def combination_check(bench_dir=None) -> dict:
     host)`` and ``device + host`` -- the share within 25% and the median ratio of each."""
     bench_dir = pathlib.Path(bench_dir) if bench_dir is not None else H.BENCH_DIR
     ms, dev, host = [], [], []
-    for f in sorted(set(H.HOST_FILES.values()) | {"checks/host-inert-cache-h200.json",
+    for f in sorted(set(H.HOST_FILES.values()) | {"host-h200.json", "checks/host-inert-cache-h200.json",
                                                  "checks/host-cache-v1-h200.json"}):
         path = bench_dir / f
         if not path.exists():
