@@ -191,6 +191,16 @@ def test_versus_merge_keeps_the_rows_not_remeasured(cpu_stand_ins, tmp_path):
     doc = V.merged_doc(old, apart)
     assert [ln["row"] for ln in doc["lines"]] == [first, again] and doc["merged_from"]["rows"] == [first]
     assert len(doc["results"]) == len(kept) + len(apart.records) and doc["date"] == apart.meta["date"]
+    # merged twice: the kept row keeps its own date (chapter 6's caption and claim read it), not the date of
+    # the file it was kept from
+    from sparseattn.viz.ch06_backward import versus_caption, versus_row_dates
+    later = {**apart.to_json(), "date": "2001-02-03T04:05:00+00:00",
+             "rows": {k: {**v, "date": "2001-02-03T04:05:00+00:00"} for k, v in apart.meta["rows"].items()}}
+    twice = BenchFile.from_json(V.merged_doc(BenchFile.from_json(doc), BenchFile.from_json(later)))
+    assert twice.meta["merged_from"]["date"] == apart.meta["date"]
+    assert versus_row_dates(twice) == {first: old.meta["date"], again: "2001-02-03T04:05:00+00:00"}
+    caption = versus_caption(twice)
+    assert "00:00 UTC" in caption and "04:05 UTC" in caption and apart.meta["date"][11:16] + " UTC" not in caption
     with pytest.raises(ValueError, match="--merge expects"):
         V.kept_rows(BenchFile.from_json({**old.to_json(), "suite": "prefill"}), [again], old.meta["device"])
     with pytest.raises(ValueError, match="measured on"):

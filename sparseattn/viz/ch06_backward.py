@@ -131,10 +131,10 @@ def versus_caption(doc: BenchFile, sep: str = "; ") -> str:
     extra = ", ".join(f"{name} {m[k]}" for k, name in (("cuda", "CUDA"), ("cudnn", "cuDNN"),
                                                        ("sparseattn", "sparseattn")) if k in m)
     parts = [doc.caption()] + ([extra] if extra else [])
-    if m.get("merged_from"):  # rows re-measured over earlier runs (``--merge``, maybe more than once): which ran when
-        by_date = {}
-        for row, date in versus_row_dates(doc).items():
-            by_date.setdefault(date, []).append(row)
+    by_date = {}
+    for row, date in versus_row_dates(doc).items():
+        by_date.setdefault(date, []).append(row)
+    if len(by_date) > 1:  # rows re-measured over earlier runs (``--merge``, maybe more than once): which ran when
         most = max(by_date, key=lambda d: len(by_date[d]))
         when = [f"rows {', '.join(rows)} at {d[11:16]} UTC" for d, rows in sorted(by_date.items()) if d != most]
         parts.append(", ".join(when) + f", the others at {most[11:16]} UTC")
