@@ -136,8 +136,9 @@ def versus_caption(doc: BenchFile, sep: str = "; ") -> str:
         by_date.setdefault(date, []).append(row)
     if len(by_date) > 1:  # rows re-measured over earlier runs (``--merge``, maybe more than once): which ran when
         most = max(by_date, key=lambda d: len(by_date[d]))
-        when = [f"rows {', '.join(rows)} at {d[11:16]} UTC" for d, rows in sorted(by_date.items()) if d != most]
-        parts.append(", ".join(when) + f", the others at {most[11:16]} UTC")
+        # one part per run: a figure caption puts each on its own line (``sep``), so none outgrows the figure
+        parts += [f"rows {', '.join(rows)} at {d[11:16]} UTC" for d, rows in sorted(by_date.items()) if d != most]
+        parts.append(f"the other rows at {most[11:16]} UTC")
     return sep.join(parts)
 
 
@@ -172,10 +173,10 @@ def versus_bwd_figure(doc: BenchFile) -> go.Figure:
                   annotation_text="1.0: as fast as FlexAttention (above: ours faster)",
                   annotation_position="top right")
     ys = [x["ratio"] for x in lines if x["ratio"]] + [x["target"] for x in lines if x["target"]] + [1.0]
-    # up to six title lines, hung from the top of the figure (a centred title grows into the plot; at 0.985
-    # the first line's ascenders were cut off by the top edge)
-    fig.update_layout(height=600, title_font_size=14, legend=dict(orientation="h", y=-0.42), bargap=0.1,
-                      margin=dict(t=135, b=170),
+    # up to eight title lines (a merged file's caption gives each run a line), hung from the top of the figure
+    # (a centred title grows into the plot; at 0.985 the first line's ascenders were cut off by the top edge)
+    fig.update_layout(height=630, title_font_size=14, legend=dict(orientation="h", y=-0.42), bargap=0.1,
+                      margin=dict(t=165, b=170),
                       title=dict(y=0.97, yanchor="top", text=(
                           "Backward against FlexAttention, each row in one run (issue 13's rows)<br><sup>"
                           "dQ, dK, dV from a kept forward; B=1, H=16, D=128, N=32k, bf16, tiles 128 unless noted"
