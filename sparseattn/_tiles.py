@@ -265,6 +265,11 @@ def compiled_mask_for(mask_mod, grid: TileGrid, warn: bool = True):
     return maskc.compiled_for(mask_mod, pos_bound=bound, device=grid.device, warn=warn)
 
 
+#: Rows of a tile the classification kernel evaluates a step (None: by backend, below); tests set a few to run
+#: the kernel's early exit (a tile found partial in its first rows) in the interpreter.
+MASK_TILE_ROWS: Optional[int] = None
+
+
 def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells: bool):
     """Run :mod:`sparseattn.kernels.mask_tiles` over the listed tiles: ``(any [t], all [t], cells or None)``."""
     from .kernels import BACKEND
@@ -276,7 +281,7 @@ def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, 
     out = torch.empty(t, bq, bk, dtype=torch.int8, device=dev) if cells else None
     if t:
         # the interpreter runs a whole tile per step (one numpy call per operation); a GPU a few rows a step
-        rows = bq if BACKEND == "interpreter" else max(1, min(bq, 4096 // bk))
+        rows = MASK_TILE_ROWS or (bq if BACKEND == "interpreter" else max(1, min(bq, 4096 // bk)))
         i32 = lambda x: x.to(torch.int32).contiguous()  # noqa: E731
         mask_tiles_kernel[(t,)](TB=i32(b), TH=i32(h), TQ=i32(qi), TK=i32(ki), ANY=some, ALL=every, CELLS=out,
                                 q_offset=q_offset, q_len=q_len, kv_len=kv_len, **compiled.kernel_args(dev),
@@ -307,9 +312,12 @@ def classify_kernel(use: Optional[bool]):
 def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kernel: Optional[bool] = None):
     """Block-level ``(partial, full)`` for ``mask_mod`` (restricted to ``listed`` tiles when given).
 
-    The tile rule decides what it can. The undecided tiles are reduced on the device by the compiled
-    predicate (:mod:`sparseattn.maskc`, one program per tile, nothing per cell stored) when ``use_kernel``
-    (default: on a CUDA device) and the mask compiles; else evaluated with torch in chunks."""
+    The tile rule decides what it can; where it leaves tiles undecided, the traced mask's interval bounds
+    (:func:`sparseattn.maskc.tile_bounds`) may empty or fill some more (a plain lambda has no rule of its
+    own). The rest are reduced on the device by the compiled predicate (:mod:`sparseattn.maskc`, one program
+    per tile, nothing per cell stored) when ``use_kernel`` (default: on a CUDA device) and the mask compiles;
+    else evaluated with torch in chunks."""
+    from . import maskc
     shape = (grid.B, grid.H, grid.nq, grid.nk)
     bounds = tile_rule_of(mask_mod)(grid)
     any_lo, any_hi, all_lo, all_hi = (torch.broadcast_to(x.to(grid.device), shape) for x in bounds)
@@ -319,6 +327,13 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     if listed is not None:
         full, partial, undecided = full & listed, partial & listed, undecided & listed
     b, h, qi, ki = undecided.nonzero(as_tuple=True)
+    traced = maskc.tile_bounds(mask_mod, grid) if b.numel() else None
+    if traced is not None:  # computed on the CPU (a few tensor ops over the tile grid), then one copy
+        surely_full = traced.all_lo.to(grid.device, non_blocking=True)
+        surely_empty = ~traced.any_hi.to(grid.device, non_blocking=True)
+        full = full | (undecided & surely_full)
+        undecided = undecided & ~surely_full & ~surely_empty
+        b, h, qi, ki = undecided.nonzero(as_tuple=True)
     if use_kernel is None:
         use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
     compiled = compiled_mask_for(mask_mod, grid) if use_kernel and b.numel() else None

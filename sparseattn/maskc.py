@@ -551,6 +551,132 @@ def trace(mask_mod, *, pos_bound: int = DEFAULT_POS_BOUND, device=None) -> Trace
     return Traced(g, out.i)
 
 
+# ---- tile bounds: the traced graph by interval arithmetic over each tile ----------------------------------------
+def tile_bounds(mask_mod, grid):
+    """What the traced ``mask_mod`` decides about whole tiles of ``grid`` (a :class:`~sparseattn.patterns.
+    TileGrid`) without evaluating a cell: a :class:`~sparseattn.patterns.TileBounds` on the CPU, or None when
+    the mask does not trace.
+
+    Every integer node gets an interval per tile from the intervals of its operands (``q`` over the tile's
+    rows, ``kv`` over its columns, ``b`` and ``h`` exact), every bool node two flags: *may be true somewhere
+    in the tile*, *may be false somewhere*. A tile whose result may not be true is empty; one whose result
+    may not be false is full. Interval arithmetic treats each occurrence of a variable on its own, so it
+    over-approximates (``q - q`` spans the tile twice over): it may leave a tile undecided that is not, never
+    decide one wrongly. The same rules bound each node as the tracer's own ranges do (:func:`_range`), and a
+    node whose value may wrap around (its traced range is not exact) keeps that whole range. This is the tile
+    rule of a mask without a hand-written one -- a plain lambda, or a composition around one: for
+    ``causal & stripes`` it empties every tile above the diagonal, which the device classification would
+    otherwise scan cell by cell."""
+    from .patterns import TileBounds
+    try:
+        traced = trace(mask_mod, pos_bound=pos_bound_for(max(grid.q_start + grid.q_len, grid.kv_len)))
+    except (Unsupported, MaskTypeError):
+        return None
+    cpu = _on_cpu(grid)
+    pos = {"b": (cpu.b, cpu.b), "h": (cpu.h, cpu.h), "q": (cpu.q_lo, cpu.q_hi), "kv": (cpu.k_lo, cpu.k_hi)}
+    vals: dict = {}
+    for i in _reachable(traced.graph, traced.out):
+        vals[i] = _tile_value(traced.graph, traced.graph.nodes[i], vals, pos)
+    may_true, may_false = (torch.broadcast_to(torch.as_tensor(x), (grid.B, grid.H, grid.nq, grid.nk))
+                           for x in vals[traced.out])
+    return TileBounds(~may_false, may_true, ~may_false, may_true)
+
+
+def _on_cpu(grid):
+    import dataclasses
+    return dataclasses.replace(grid, device=torch.device("cpu"))
+
+
+def _tile_value(g: Graph, n: Node, vals: dict, pos: dict):
+    """``(lo, hi)`` int64 tensors of an integer node, ``(may_true, may_false)`` bool tensors of a bool node,
+    over each tile (broadcastable; see :func:`tile_bounds`)."""
+    T = lambda x: torch.as_tensor(x, dtype=torch.int64)  # noqa: E731
+    B = lambda x: torch.as_tensor(x, dtype=torch.bool)  # noqa: E731
+    whole = (T(n.lo), T(n.hi))  # the traced range: always true of the node
+    if n.op == "arg":
+        return pos[n.args[0]]
+    if n.op == "const":
+        return (B(bool(n.args[0])), B(not n.args[0])) if n.kind == "bool" else (T(n.args[0]), T(n.args[0]))
+    if n.op == "not":
+        t, f = vals[n.args[0]]
+        return f, t
+    if n.op == "bool2int":
+        t, f = vals[n.args[0]]
+        return (~f).long(), t.long()
+    if n.op == "retype":
+        return vals[n.args[0]]
+    if n.op == "inv":  # ~x = -x - 1 on the exact value; a narrow dtype's wrap is a node of its own
+        lo, hi = vals[n.args[0]]
+        return _within(-hi - 1, -lo - 1, n)
+    if n.op == "where":
+        (ct, cf), x, y = vals[n.args[0]], vals[n.args[1]], vals[n.args[2]]
+        if n.kind == "bool":
+            return (ct & x[0]) | (cf & y[0]), (ct & x[1]) | (cf & y[1])
+        lo = torch.where(~cf, x[0], torch.where(~ct, y[0], torch.minimum(x[0], y[0])))
+        hi = torch.where(~cf, x[1], torch.where(~ct, y[1], torch.maximum(x[1], y[1])))
+        return lo, hi
+    if n.op in ("wrap", "load"):
+        return (B(True), B(True)) if n.kind == "bool" else whole
+    op, a, b = n.args
+    if n.kind == "bool" and g.nodes[a].kind == "bool":  # logic on two bools
+        (at, af), (bt, bf) = vals[a], vals[b]
+        if op == "and":
+            return at & bt, af | bf
+        if op == "or":
+            return at | bt, af & bf
+        return (at & bf) | (af & bt), (at & bt) | (af & bf)  # xor
+    (alo, ahi), (blo, bhi) = vals[a], vals[b]
+    if op in _CMP:
+        lt = (alo < bhi, ahi >= blo)  # may a < b, may a >= b
+        le = (alo <= bhi, ahi > blo)
+        may_eq = (alo <= bhi) & (blo <= ahi)
+        may_ne = ~((alo == ahi) & (blo == bhi) & (alo == blo))
+        return {"lt": lt, "le": le, "gt": (ahi > blo, alo <= bhi), "ge": (ahi >= blo, alo < bhi),
+                "eq": (may_eq, may_ne), "ne": (may_ne, may_eq)}[op]
+    if (n.lo, n.hi) == I64:  # may wrap around int64: nothing narrower than its traced range holds
+        return whole
+    if op == "add":
+        return _within(alo + blo, ahi + bhi, n)
+    if op == "sub":
+        return _within(alo - bhi, ahi - blo, n)
+    if op == "mul":
+        ends = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]
+        return _within(_min(ends), _max(ends), n)
+    if op == "min":
+        return _within(torch.minimum(alo, blo), torch.minimum(ahi, bhi), n)
+    if op == "max":
+        return _within(torch.maximum(alo, blo), torch.maximum(ahi, bhi), n)
+    nb = g.nodes[b]
+    if op == "floordiv" and nb.lo > 0:  # positive divisor: monotone in each operand, extremes at the corners
+        ends = [torch.div(x, y, rounding_mode="floor") for x in (alo, ahi) for y in (blo, bhi)]
+        return _within(_min(ends), _max(ends), n)
+    if op == "mod" and nb.op == "const" and nb.lo > 0:  # floor modulo by a positive constant
+        c = nb.lo
+        k_lo, k_hi = torch.div(alo, c, rounding_mode="floor"), torch.div(ahi, c, rounding_mode="floor")
+        same = k_lo == k_hi  # the tile's values lie in one period: the remainder is monotone there
+        return _within(torch.where(same, alo - k_lo * c, 0), torch.where(same, ahi - k_hi * c, c - 1), n)
+    return whole  # bit operations, shifts, truncating division, other divisors: the traced range
+
+
+def _min(xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = torch.minimum(out, x)
+    return out
+
+
+def _max(xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = torch.maximum(out, x)
+    return out
+
+
+def _within(lo, hi, n: Node):
+    """A tile interval intersected with the node's traced range (both hold, so both together do)."""
+    return torch.clamp(torch.as_tensor(lo), min=n.lo), torch.clamp(torch.as_tensor(hi), max=n.hi)
+
+
 _SYM = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "truncdiv": "/trunc/", "mod": "%", "and": "&",
         "or": "|", "xor": "^", "shl": "<<", "shr": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
         "eq": "==", "ne": "!="}

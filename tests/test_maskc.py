@@ -290,3 +290,98 @@ def test_layout_device_path_equals_the_torch_path(case):
     b = BlockLayout.from_mask_mod(mm, 150, 200, 32, 32, B=B, H=H, device="cpu")
     for name in ("kv_count", "kv_index", "full_count", "full_index"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+# ---- tile bounds from the traced graph --------------------------------------------------------------------------
+def exact_classes(mask_mod, grid):
+    """(some cell allowed, every in-range cell allowed) per tile, from every cell evaluated eagerly."""
+    cells = eager_cells(mask_mod, grid.B, grid.H, grid.q_len, grid.kv_len, grid.q_start)
+    nq, nk, bq, bk = grid.nq, grid.nk, grid.block_q, grid.block_k
+    pad = torch.nn.functional.pad(cells, (0, nk * bk - grid.kv_len, 0, nq * bq - grid.q_len))
+    ok = torch.nn.functional.pad(torch.ones(grid.q_len, grid.kv_len, dtype=torch.bool),
+                                 (0, nk * bk - grid.kv_len, 0, nq * bq - grid.q_len))
+    tiles = pad.view(grid.B, grid.H, nq, bq, nk, bk)
+    return tiles.any(dim=(3, 5)), (tiles | ~ok.view(1, 1, nq, bq, nk, bk)).all(dim=(3, 5))
+
+
+def assert_bounds_sound(mask_mod, grid):
+    """The traced bounds never contradict the cells: a tile they empty has no allowed cell, a tile they fill
+    has every in-range cell allowed. Returns how many tiles they decided."""
+    tb = maskc.tile_bounds(mask_mod, grid)
+    some, every = exact_classes(mask_mod, grid)
+    assert not (~tb.any_hi & some).any(), "a tile bounded empty has an allowed cell"
+    assert not (tb.all_lo & ~every).any(), "a tile bounded full has a masked cell"
+    return int((~tb.any_hi).sum() + tb.all_lo.sum())
+
+
+LAMBDAS = {
+    "stripes": lambda b, h, q, k: (k <= q) & (((q - k) // 32) % 3 == 0),
+    "band": lambda b, h, q, k: (k <= q) & (q - k < 70),
+    "where": lambda b, h, q, k: torch.where(q > 100, k < q - 30, k >= q // 2),
+    "min/max": lambda b, h, q, k: torch.maximum(q - 50, torch.zeros_like(q)) <= torch.minimum(k * 2, q),
+    "negated mod": lambda b, h, q, k: ~((q + 3 * k) % 5 == 1) & (k - q <= 40),
+    "heads": lambda b, h, q, k: (k < q + 8 * h) | (b == 1) & (k % 64 < 16),
+    "int cast": lambda b, h, q, k: ((q - k).to(torch.int16) >= 0) & ((q * k) % 7 != 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAMBDAS))
+@FAST
+@given(shape=st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 300), st.integers(1, 300),
+                       st.integers(0, 200), st.sampled_from([16, 32, 64])))
+def test_traced_tile_bounds_are_sound(name, shape):
+    """Interval bounds from the traced graph (maskc.tile_bounds), on plain lambdas mixing comparisons,
+    floor division and modulo, where/min/max, negation, heads and batches, a narrowing cast: never wrong on
+    any tile of random grids (lengths that end inside a tile, query offsets)."""
+    B, H, Lq, Lk, off, blk = shape
+    assert_bounds_sound(LAMBDAS[name], TileGrid(off, Lq, Lk, blk, blk, B, H, torch.device("cpu")))
+
+
+@FAST
+@given(data=st.data(), shape=shapes)
+def test_traced_tile_bounds_of_compositions_are_sound(data, shape):
+    """The same on compositions of catalogue patterns (the traced graph of each pattern's own predicate)."""
+    B, H, Lq, Lk, q_offset = shape
+    names = [n for n in sorted(P.CATALOGUE) if n != "document"]
+    parts = [catalogue_mask(data.draw, data.draw(st.sampled_from(names))) for _ in range(2)]
+    mm = data.draw(st.sampled_from([P.and_masks, P.or_masks]))(*parts)
+    if data.draw(st.booleans()):
+        mm = P.not_mask(mm)
+    assert_bounds_sound(mm, TileGrid(q_offset, Lq, Lk, 16, 16, B, H, torch.device("cpu")))
+
+
+def test_traced_bounds_decide_the_tiles_a_plain_lambda_leaves():
+    """A plain lambda has no tile rule: the traced bounds empty every tile above the diagonal of causal &
+    stripes and fill a band's inner tiles; the layouts equal the ones built from every cell."""
+    grid = TileGrid(0, 1000, 1000, 64, 64, 1, 1, torch.device("cpu"))
+    stripes, band = LAMBDAS["stripes"], LAMBDAS["band"]
+    tb = maskc.tile_bounds(stripes, grid)
+    above = torch.ones(grid.nq, grid.nk, dtype=torch.bool).triu(1)
+    assert torch.equal(~tb.any_hi[0, 0], above) and not tb.all_lo.any()
+    wide = lambda b, h, q, k: (k <= q) & (q - k < 200)  # noqa: E731 - full: the two tiles below the diagonal
+    assert maskc.tile_bounds(wide, grid).all_lo.sum() == 2 * grid.nq - 3
+    assert maskc.tile_bounds(lambda b, h, q, k: q > k if q > 3 else k, grid) is None  # does not trace
+    for mm in (stripes, band):
+        with_bounds = BlockLayout.from_mask_mod(mm, 1000, 1000, 64, 64, device="cpu")
+        dense = BlockLayout.from_dense(eager_cells(mm, 1, 1, 1000, 1000, 0), 64, 64)
+        for name in ("kv_count", "kv_index", "full_count", "full_index"):
+            assert torch.equal(getattr(with_bounds, name), getattr(dense, name)), name
+
+
+@pytest.mark.parametrize("rows", [8, 16])
+def test_classification_kernel_reads_further_rows_only_when_it_must(rows, monkeypatch):
+    """The classification kernel a few rows a step (as on a GPU): a tile settled partial by its first rows
+    stops there, one still all-allowed or all-masked reads the rest (a tile masked only in its last rows, a
+    tile allowed only there); the classes equal the torch path's, with tiles of every kind present."""
+    monkeypatch.setattr(T, "MASK_TILE_ROWS", rows)
+    cases = [LAMBDAS["stripes"], lambda b, h, q, k: (q % 32) < 24,  # rows 24-31 of each 32 masked
+             lambda b, h, q, k: ((q % 32) >= 28) & (k < 40),  # allowed only in the last rows
+             lambda b, h, q, k: (q - k) % 97 != 5]
+    grid = TileGrid(13, 150, 200, 32, 32, 1, 2, torch.device("cpu"))
+    for mm in cases:
+        got = T.classify(mm, grid, None, use_kernel=True)
+        want = T.classify(mm, grid, None, use_kernel=False)
+        assert all(torch.equal(x, y) for x, y in zip(got, want))
+    kinds = torch.stack([(p | f).sum() for p, f in (T.classify(mm, grid, None, use_kernel=False) for mm in cases)])
+    assert (kinds > 0).all()
+

@@ -4,10 +4,21 @@ The layout build classifies the tiles its tile rule leaves undecided by reducing
 (:mod:`sparseattn.maskc`) over each tile to two facts, *some cell allowed* and *every in-range cell allowed*;
 no cell is ever written to memory, so the cost is the evaluation itself and memory stays O(tiles). With
 ``CELLS`` given the program also writes the tile's cells (int8 ``[T, BLOCK_Q, BLOCK_K]``, 0 outside the
-sequences): what tests compare cell by cell against the eager mask_mod.
+sequences): what tests compare cell by cell against the eager mask_mod. Without it, a tile whose first
+``ROWS`` rows already hold an allowed and a masked cell is partial and its other rows are never evaluated.
 """
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _rows(b, h, q0, r0, k_pos, k_ok, q_offset, q_len, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+          ROWS: tl.constexpr):
+    """The predicate on rows ``q0 + r0 .. + ROWS`` of the tile: ``(allowed, in range)``, both ``[R, BK]``."""
+    rows = q0 + r0 + tl.arange(0, ROWS)  # [R] local query rows
+    ok = (rows < q_len)[:, None] & k_ok[None, :]  # [R, BK]
+    allowed = MASK_FN(b, h, (rows + q_offset)[:, None], k_pos[None, :], CAP0, CAP1, CAP2, CAP3, CAP_SHAPE)
+    return allowed, ok
 
 
 @triton.heuristics({"WRITE_CELLS": lambda a: a["CELLS"] is not None})
@@ -22,16 +33,34 @@ def mask_tiles_kernel(TB, TH, TQ, TK, ANY, ALL, CELLS, q_offset, q_len, kv_len,
     q0 = tl.load(TQ + t) * BLOCK_Q
     k_pos = tl.load(TK + t) * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
     k_ok = k_pos < kv_len
-    some = tl.zeros([ROWS, BLOCK_K], tl.int32)
-    every = tl.full([ROWS, BLOCK_K], 1, tl.int32)
-    for r0 in range(0, BLOCK_Q, ROWS):
-        rows = q0 + r0 + tl.arange(0, ROWS)  # [R] local query rows
-        ok = (rows < q_len)[:, None] & k_ok[None, :]  # [R, BK]
-        allowed = MASK_FN(b, h, (rows + q_offset)[:, None], k_pos[None, :], CAP0, CAP1, CAP2, CAP3, CAP_SHAPE)
-        some = some | (allowed & ok).to(tl.int32)
-        every = every & (allowed | ~ok).to(tl.int32)
-        if WRITE_CELLS:
+    if WRITE_CELLS:  # every cell is needed: all rows
+        some = tl.zeros([ROWS, BLOCK_K], tl.int32)
+        every = tl.full([ROWS, BLOCK_K], 1, tl.int32)
+        for r0 in range(0, BLOCK_Q, ROWS):
+            allowed, ok = _rows(b, h, q0, r0, k_pos, k_ok, q_offset, q_len, MASK_FN, CAP0, CAP1, CAP2, CAP3,
+                                CAP_SHAPE, ROWS)
+            some = some | (allowed & ok).to(tl.int32)
+            every = every & (allowed | ~ok).to(tl.int32)
             local = (r0 + tl.arange(0, ROWS))[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
             tl.store(CELLS + t.to(tl.int64) * (BLOCK_Q * BLOCK_K) + local, (allowed & ok).to(tl.int8))
-    tl.store(ANY + t, tl.max(tl.max(some, 1), 0).to(tl.int8))
-    tl.store(ALL + t, tl.min(tl.min(every, 1), 0).to(tl.int8))
+        tl.store(ANY + t, tl.max(tl.max(some, 1), 0).to(tl.int8))
+        tl.store(ALL + t, tl.min(tl.min(every, 1), 0).to(tl.int8))
+    else:
+        # the first rows alone settle most partial tiles (one allowed and one masked cell make a tile
+        # partial); only a tile still all-allowed or all-masked there reads its other rows
+        allowed, ok = _rows(b, h, q0, 0, k_pos, k_ok, q_offset, q_len, MASK_FN, CAP0, CAP1, CAP2, CAP3,
+                            CAP_SHAPE, ROWS)
+        some = (allowed & ok).to(tl.int32)  # [R, BK]
+        every = (allowed | ~ok).to(tl.int32)
+        any_ = tl.max(tl.max(some, 1), 0)
+        all_ = tl.min(tl.min(every, 1), 0)
+        if (any_ == 0) | (all_ == 1):
+            for r0 in range(ROWS, BLOCK_Q, ROWS):
+                allowed, ok = _rows(b, h, q0, r0, k_pos, k_ok, q_offset, q_len, MASK_FN, CAP0, CAP1, CAP2,
+                                    CAP3, CAP_SHAPE, ROWS)
+                some = some | (allowed & ok).to(tl.int32)
+                every = every & (allowed | ~ok).to(tl.int32)
+            any_ = tl.max(tl.max(some, 1), 0)
+            all_ = tl.min(tl.min(every, 1), 0)
+        tl.store(ANY + t, any_.to(tl.int8))
+        tl.store(ALL + t, all_.to(tl.int8))
