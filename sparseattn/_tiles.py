@@ -328,9 +328,9 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
         full, partial, undecided = full & listed, partial & listed, undecided & listed
     b, h, qi, ki = undecided.nonzero(as_tuple=True)
     traced = maskc.tile_bounds(mask_mod, grid) if b.numel() else None
-    if traced is not None:  # computed on the CPU (a few tensor ops over the tile grid), then one copy
-        surely_full = traced.all_lo.to(grid.device, non_blocking=True)
-        surely_empty = ~traced.any_hi.to(grid.device, non_blocking=True)
+    if traced is not None:  # a few elementwise ops per node of the expression over the tile grid
+        surely_full = traced.all_lo.to(grid.device)
+        surely_empty = ~traced.any_hi.to(grid.device)
         full = full | (undecided & surely_full)
         undecided = undecided & ~surely_full & ~surely_empty
         b, h, qi, ki = undecided.nonzero(as_tuple=True)

@@ -554,8 +554,9 @@ def trace(mask_mod, *, pos_bound: int = DEFAULT_POS_BOUND, device=None) -> Trace
 # ---- tile bounds: the traced graph by interval arithmetic over each tile ----------------------------------------
 def tile_bounds(mask_mod, grid):
     """What the traced ``mask_mod`` decides about whole tiles of ``grid`` (a :class:`~sparseattn.patterns.
-    TileGrid`) without evaluating a cell: a :class:`~sparseattn.patterns.TileBounds` on the CPU, or None when
-    the mask does not trace.
+    TileGrid`) without evaluating a cell: a :class:`~sparseattn.patterns.TileBounds` (on the grid's device,
+    or the CPU where a node is constant), or None when the mask does not trace. A few elementwise tensor ops
+    per node of the expression over the ``nq x nk`` tile grid, no host sync.
 
     Every integer node gets an interval per tile from the intervals of its operands (``q`` over the tile's
     rows, ``kv`` over its columns, ``b`` and ``h`` exact), every bool node two flags: *may be true somewhere
@@ -572,19 +573,13 @@ def tile_bounds(mask_mod, grid):
         traced = trace(mask_mod, pos_bound=pos_bound_for(max(grid.q_start + grid.q_len, grid.kv_len)))
     except (Unsupported, MaskTypeError):
         return None
-    cpu = _on_cpu(grid)
-    pos = {"b": (cpu.b, cpu.b), "h": (cpu.h, cpu.h), "q": (cpu.q_lo, cpu.q_hi), "kv": (cpu.k_lo, cpu.k_hi)}
+    pos = {"b": (grid.b, grid.b), "h": (grid.h, grid.h), "q": (grid.q_lo, grid.q_hi), "kv": (grid.k_lo, grid.k_hi)}
     vals: dict = {}
     for i in _reachable(traced.graph, traced.out):
         vals[i] = _tile_value(traced.graph, traced.graph.nodes[i], vals, pos)
     may_true, may_false = (torch.broadcast_to(torch.as_tensor(x), (grid.B, grid.H, grid.nq, grid.nk))
                            for x in vals[traced.out])
     return TileBounds(~may_false, may_true, ~may_false, may_true)
-
-
-def _on_cpu(grid):
-    import dataclasses
-    return dataclasses.replace(grid, device=torch.device("cpu"))
 
 
 def _tile_value(g: Graph, n: Node, vals: dict, pos: dict):
@@ -626,13 +621,18 @@ def _tile_value(g: Graph, n: Node, vals: dict, pos: dict):
             return at | bt, af & bf
         return (at & bf) | (af & bt), (at & bt) | (af & bf)  # xor
     (alo, ahi), (blo, bhi) = vals[a], vals[b]
-    if op in _CMP:
-        lt = (alo < bhi, ahi >= blo)  # may a < b, may a >= b
-        le = (alo <= bhi, ahi > blo)
-        may_eq = (alo <= bhi) & (blo <= ahi)
-        may_ne = ~((alo == ahi) & (blo == bhi) & (alo == blo))
-        return {"lt": lt, "le": le, "gt": (ahi > blo, alo <= bhi), "ge": (ahi >= blo, alo < bhi),
-                "eq": (may_eq, may_ne), "ne": (may_ne, may_eq)}[op]
+    if op in ("lt", "le", "gt", "ge"):  # (may be true, may be false) of a comparison of two intervals
+        if op == "lt":
+            return alo < bhi, ahi >= blo
+        if op == "le":
+            return alo <= bhi, ahi > blo
+        if op == "gt":
+            return ahi > blo, alo <= bhi
+        return ahi >= blo, alo < bhi
+    if op in ("eq", "ne"):
+        may_eq = (alo <= bhi) & (blo <= ahi)  # the intervals meet
+        may_ne = (alo != ahi) | (blo != bhi) | (alo != blo)  # not one and the same point
+        return (may_eq, may_ne) if op == "eq" else (may_ne, may_eq)
     if (n.lo, n.hi) == I64:  # may wrap around int64: nothing narrower than its traced range holds
         return whole
     if op == "add":
