@@ -470,10 +470,12 @@ def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 
                              hovertemplate=f"{term}: %{{y:.3g}} ms<extra></extra>"))
     fig.add_trace(go.Scatter(x=impls, y=[r.predicted[i] for i in impls], mode="markers", name="predicted total",
                              marker=dict(symbol="line-ew-open", size=30, color="black", line=dict(width=2))))
-    fig.update_layout(barmode="group", height=440, title_font_size=12, yaxis_title="ms (cost model, H200)",
+    fig.update_layout(barmode="group", height=470, margin=dict(t=135), title_font_size=12,
+                      yaxis_title="ms (cost model, H200)",
                       xaxis_title="implementation",
+                      # the verdict on a line of its own: a "tie" verdict alone is ~110 characters
                       title=f"{family}, N={N}, density {density:g}, {dtype}, {pass_}<br><sup>envelope: "
-                            f"{r.envelope} cuDNN; {r.verdict}<br>our dominant term: {r.dominant}"
+                            f"{r.envelope} cuDNN; our dominant term: {r.dominant}<br>{r.verdict}"
                             f"{_trust(accuracy, N)}</sup>",
                       legend=dict(orientation="h", y=-0.2))
     return fig
