@@ -456,7 +456,7 @@ def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 
     """The model's terms (compute, memory, launch, index) for ours, FlexAttention and cuDNN on the envelope,
     and the verdict of :func:`~sparseattn.roofline.report`, for one setting (B=1, 16 heads, D=128).
     ``accuracy``: ``{"short": summary, "long": summary}`` of :func:`~sparseattn.bench.crossover.ratio_summary`
-    over the recorded sweep's rows below and from N = 8192; the title then shows the one for this N beside the
+    over the recorded sweep's rows below and from N = 8192; the title then shows the one for this N below the
     verdict, so a reader sees how far to trust it."""
     lay = explorer_layout(family, N, density)
     s = Shape(B=1, Hq=16, D=128, dtype=dtype)
