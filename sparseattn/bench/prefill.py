@@ -32,35 +32,25 @@ def setup(args):
 
 def sweep_configs(D: int) -> List[FwdConfig]:
     """The forward tile configs ``--sweep`` times at head dim ``D`` (the first is the H200 default for it)."""
-    if D <= 64:
-        return SWEEP_D64
-    return [FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=None, warp_specialize=False),
-            FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=None, warp_specialize=True),
-            FwdConfig(block_m=128, block_n=128, num_warps=4, num_stages=3, tma=None, warp_specialize=True),
-            FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=2, tma=None, warp_specialize=True),
-            FwdConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, tma=None, warp_specialize=True),
-            FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=None, warp_specialize=False),
-            FwdConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, tma=None, warp_specialize=False),
-            FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=False, warp_specialize=False)]
+    grid = SWEEP_D64 if D <= 64 else SWEEP_D128
+    return [FwdConfig(block_m=m, block_n=n, num_warps=w, num_stages=st, tma=tma, warp_specialize=ws)
+            for m, n, w, st, tma, ws in grid]
 
 
-#: The D <= 64 grid (issue 13: the D = 64 forward is at parity with Flex and was never swept). ptxas for
-#: sm_90a on a CPU (``tests/tools/compile_sm90.py``'s compile, tensor-descriptor loads, D = 64), registers a
-#: thread / shared KiB / CTAs an SM can hold by both: 128 x 64 w4 s3 (the default) 209 / 65 / 2; 128 x 64 w8
-#: s3 128 / 65 / 2 (twice the warps resident); 128 x 64 w4 s4 209 / 81 / 2; 64 x 128 w4 s3 200 / 105 / 2;
-#: 128 x 128 w8 s2 197 / 81 / 1; 128 x 128 w8 s3 200 / 113 / 1; 128 x 128 w4 s3 255 and 12 bytes of spills, left
-#: out. No config spills below.
-SWEEP_D64 = [FwdConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, tma=None, warp_specialize=False),
-             FwdConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, tma=None, warp_specialize=False),
-             FwdConfig(block_m=128, block_n=64, num_warps=4, num_stages=4, tma=None, warp_specialize=False),
-             FwdConfig(block_m=128, block_n=64, num_warps=8, num_stages=4, tma=None, warp_specialize=False),
-             FwdConfig(block_m=128, block_n=64, num_warps=4, num_stages=2, tma=None, warp_specialize=False),
-             FwdConfig(block_m=64, block_n=128, num_warps=4, num_stages=3, tma=None, warp_specialize=False),
-             FwdConfig(block_m=64, block_n=64, num_warps=4, num_stages=3, tma=None, warp_specialize=False),
-             FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=2, tma=None, warp_specialize=False),
-             FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=None, warp_specialize=False),
-             FwdConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, tma=None, warp_specialize=True),
-             FwdConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, tma=False, warp_specialize=False)]
+#: (block_m, block_n, num_warps, num_stages, tma, warp_specialize) of the D = 128 grid
+SWEEP_D128 = [(128, 128, 8, 3, None, False), (128, 128, 8, 3, None, True), (128, 128, 4, 3, None, True),
+              (128, 128, 8, 2, None, True), (128, 64, 4, 3, None, True), (128, 128, 8, 4, None, False),
+              (64, 64, 4, 3, None, False), (128, 128, 8, 3, False, False)]
+#: The D <= 64 grid, same fields (issue 13: the D = 64 forward is at parity with Flex and was never swept).
+#: ptxas for sm_90a on a CPU (``tests/tools/compile_sm90.py``'s compile, tensor-descriptor loads, D = 64),
+#: registers a thread / shared KiB / CTAs an SM can hold by both: 128 x 64 w4 s3 (the default) 209 / 65 / 2;
+#: 128 x 64 w8 s3 128 / 65 / 2 (twice the warps resident); 128 x 64 w4 s4 209 / 81 / 2; 64 x 128 w4 s3
+#: 200 / 105 / 2; 128 x 128 w8 s2 197 / 81 / 1; 128 x 128 w8 s3 200 / 113 / 1; 128 x 128 w4 s3 255 and 12
+#: bytes of spills, left out. No config spills below.
+SWEEP_D64 = [(128, 64, 4, 3, None, False), (128, 64, 8, 3, None, False), (128, 64, 4, 4, None, False),
+             (128, 64, 8, 4, None, False), (128, 64, 4, 2, None, False), (64, 128, 4, 3, None, False),
+             (64, 64, 4, 3, None, False), (128, 128, 8, 2, None, False), (128, 128, 8, 3, None, False),
+             (128, 64, 4, 3, None, True), (128, 64, 4, 3, False, False)]
 
 
 def run(args) -> tuple:
