@@ -129,6 +129,29 @@ def test_split_equals_unsplit_and_reference_for_every_chunk(name, poisoned_works
             _check_ref(layout, q, k, v, op, lsep)
 
 
+@pytest.mark.parametrize("pull", [True, False])
+def test_persistent_grid_pulls_or_deals_its_items(pull, poisoned_workspace, persistent_grids, monkeypatch):
+    """``split.PERSISTENT_PULL``: the persistent grid's programs take their (task, head) items from a counter
+    (it ends at items + programs: each item taken once, then one failed take per program) or have them dealt
+    (no counter); the same bits as the split grid either way, with fewer and with more programs than items."""
+    monkeypatch.setattr(S, "PERSISTENT_PULL", pull)
+    kwargs = []
+    real = S.kernel_kwargs
+    monkeypatch.setattr(S, "kernel_kwargs",
+                        lambda s, persistent=False: kwargs.append(real(s, persistent)) or kwargs[-1])
+    seen, state = persistent_grids
+    layout = LAYOUTS["documents skewed"]()
+    q, k, v = (torch.randn(1, 2, L, 32) for _ in range(3))
+    o, lse = _run(layout, q, k, v, 1)
+    for many in (False, True):
+        state["many"] = many
+        op, lsep = _run(layout, q, k, v, 1, persistent=True)
+        assert torch.equal(op, o) and torch.equal(lsep, lse)
+        programs, items = seen[-1]
+        counter = kwargs[-1]["COUNTER"]
+        assert (int(counter) == items + programs) if pull else counter is None
+
+
 def test_split_fp16_gqa_batch_and_subtiles(poisoned_workspace):
     """fp16, GQA (4 query heads on 2 KV heads, a layout per KV head), batch 2 sharing the layout, kernel
     query tiles of 16 inside layout tiles of 32 (two sub-tiles per row), a length that is no multiple of it."""

@@ -1,8 +1,10 @@
 """Block-sparse attention forward: one program per (query sub-tile, batch * query head), or, split (``SPLIT``),
 one per (task, batch * query head) where a task is a range of slots of a row (:mod:`sparseattn.balance`), or,
 persistent (``PERSISTENT``, split only), a fixed 1-D grid of about (SMs x a few) programs, each looping over the
-flattened (task, batch * query head) items with stride ``num_programs``: task outer, so the items go out
-longest task first. All three run one per-task body, :func:`_fwd_task`.
+flattened (task, batch * query head) items, task outer, so the items go out longest task first: with a
+``COUNTER`` (``PULL``) a program takes the next item from it whenever it is free, as the hardware scheduler
+hands out the programs of a plain grid; without, items ``pid, pid + P, ...`` are dealt in advance. All run
+one per-task body, :func:`_fwd_task`.
 
 A program walks only the key tiles its layout row lists: the partial tiles (token mask applied), then the
 full tiles (no mask work), through one inner-loop helper with a ``MASKED`` flag. Each layout tile of
@@ -62,27 +64,31 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
 
 
 @triton.heuristics({**PREFILL_FLAGS, "EVEN_K": lambda a: a["Lk"] % a["BLOCK_K"] == 0,
-                    "SPLIT": lambda a: a["TASKS"] is not None})
+                    "SPLIT": lambda a: a["TASKS"] is not None, "PULL": lambda a: a["COUNTER"] is not None})
 @triton.jit
 def sparse_fwd_kernel(
     Q, K, V, O, LSE, desc_q, desc_k, desc_v,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
     KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, ROW_ORDER, BITS, DOC, stride_doc_b, ROW_SLOT,
-    TASKS, N_TASKS, WS_O, WS_LSE, ws_cap, n_bh,
+    TASKS, N_TASKS, WS_O, WS_LSE, ws_cap, n_bh, COUNTER,
     Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale_log2,
     band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    USE_FN: tl.constexpr, PERSISTENT: tl.constexpr,
+    USE_FN: tl.constexpr, PERSISTENT: tl.constexpr, PULL: tl.constexpr,
 ):
     # ---- which rows (and, split, which slots of them) this program owns --------------------------------------
     pid = tl.program_id(0)
     if PERSISTENT:  # a fixed grid walks the (task, head) items, task outer: longest tasks of every head first
         n_items = tl.load(N_TASKS) * n_bh  # live tasks only: the capacity's empty slots are never visited
-        for item in range(pid, n_items, tl.num_programs(0)):
+        if PULL:  # the first free program takes the next item: no program waits behind a long one dealt to it
+            item = tl.atomic_add(COUNTER, 1)
+        else:
+            item = pid
+        while item < n_items:
             m_tile, slot_lo, slot_hi, ws = load_task(TASKS, item // n_bh)
             _fwd_task(Q, K, V, O, LSE, desc_q, desc_k, desc_v, stride_qb, stride_qh, stride_qm, stride_kb,
                       stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
@@ -91,6 +97,10 @@ def sparse_fwd_kernel(
                       Lq, Lk, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1,
                       CAP2, CAP3, CAP_SHAPE, HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, WARP_SPEC, USE_BITS,
                       HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, True, USE_FN)
+            if PULL:
+                item = tl.atomic_add(COUNTER, 1)
+            else:
+                item += tl.num_programs(0)
     else:
         bh = tl.program_id(1)
         if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)

@@ -19,7 +19,14 @@ class SplitLaunch(NamedTuple):
 
 
 #: the forward kernel's split arguments when it runs the plain grid
-PLAIN = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, ws_cap=0, n_bh=0, PERSISTENT=False)
+PLAIN = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, ws_cap=0, n_bh=0, COUNTER=None, PERSISTENT=False)
+
+#: How the persistent grid hands out its (task, head) items: True, each program takes the next one from a
+#: counter when it is free (zeroed per call, inside a captured graph too); False, dealt round-robin in
+#: advance. The dealt grid measured 9-67% slower than the plain grid in every balance case of 2026-11-30
+#: (perf notes, "Load balance"), the hardware scheduler handing each program to the SM that frees first;
+#: pulling does the same. Not measured on the GPU yet (``python -m sparseattn.bench balance``).
+PERSISTENT_PULL = True
 
 #: programs per SM of the persistent grid: enough that one program's long task is hidden behind others on
 #: its SM (more than one resident program per SM), few enough that each program loops over several tasks
@@ -37,9 +44,12 @@ def prepare(layout: BlockLayout, block_m: int, split, B: int, Hq: int, D: int, d
 
 def kernel_kwargs(s: SplitLaunch, persistent: bool = False) -> dict:
     """The forward kernel's split arguments (``SPLIT`` follows from ``TASKS``); ``persistent``: the programs
-    loop over the (task, head) items instead of owning one each."""
+    loop over the (task, head) items instead of owning one each (pulling them from a fresh counter with
+    :data:`PERSISTENT_PULL`)."""
+    pull = persistent and PERSISTENT_PULL
     return dict(TASKS=s.plan.tasks, N_TASKS=s.plan.n_tasks, WS_O=s.ws_o, WS_LSE=s.ws_lse,
-                ws_cap=s.ws_o.shape[1], n_bh=s.ws_o.shape[0], PERSISTENT=bool(persistent))
+                ws_cap=s.ws_o.shape[1], n_bh=s.ws_o.shape[0], PERSISTENT=bool(persistent),
+                COUNTER=torch.zeros(1, dtype=torch.int32, device=s.ws_o.device) if pull else None)
 
 
 def grid(s: SplitLaunch, persistent: bool, sms: int) -> tuple:

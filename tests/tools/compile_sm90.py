@@ -121,7 +121,7 @@ def compiled_kind(fn, types):
         dict({f"CAP{i}": t for i, t in enumerate(types)}, CAP_SHAPE=I32)
 
 
-NO_SPLIT = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, PERSISTENT=False)
+NO_SPLIT = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, COUNTER=None, PERSISTENT=False)
 NO_DESC = dict(desc_q=None, desc_k=None, desc_v=None, desc_do=None)
 
 
@@ -145,11 +145,12 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
             HEAD_DIM=d, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128 if d == 128 else 64,
             WARP_SPEC=False, desc_q=None, desc_k=None, desc_v=None, **NO_SPLIT, **mask)
     # the split forward (tasks of sparseattn.balance.plan, partial states to a float32 workspace), on its own
-    # grid and on the persistent one (a loop over the tasks around the same body)
-    for persistent in ((False, True) if split else ()):
-        yield prefill_fwd.sparse_fwd_kernel, {**fwd, "TASKS": I32, "N_TASKS": I32, "WS_O": F32, "WS_LSE": F32}, \
-            ("scale_log2",), dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128, WARP_SPEC=False,
-                                  desc_q=None, desc_k=None, desc_v=None, PERSISTENT=persistent, **mask)
+    # grid and on the persistent one (a loop over the tasks around the same body: dealt, or pulled from a counter)
+    for persistent, pull in (((False, False), (True, False), (True, True)) if split else ()):
+        ptrs = {**fwd, "TASKS": I32, "N_TASKS": I32, "WS_O": F32, "WS_LSE": F32, **({"COUNTER": I32} if pull else {})}
+        yield prefill_fwd.sparse_fwd_kernel, ptrs, ("scale_log2",), dict(
+            HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=128, WARP_SPEC=False, desc_q=None,
+            desc_k=None, desc_v=None, PERSISTENT=persistent, **({} if pull else {"COUNTER": None}), **mask)
     for atomic in ((False, True) if backward else ()):
         bwd = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, WS_K=F32, WS_V=F32,
                    Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32, **extra,
