@@ -571,7 +571,7 @@ def tile_bounds(mask_mod, grid):
     from .patterns import TileBounds
     try:
         traced = trace(mask_mod, pos_bound=pos_bound_for(max(grid.q_start + grid.q_len, grid.kv_len)))
-    except (Unsupported, MaskTypeError):
+    except Exception:  # noqa: BLE001 - any failure: the cell evaluation after this reports the mask's errors
         return None
     pos = {"b": (grid.b, grid.b), "h": (grid.h, grid.h), "q": (grid.q_lo, grid.q_hi), "kv": (grid.k_lo, grid.k_hi)}
     vals: dict = {}
