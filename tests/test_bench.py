@@ -762,8 +762,10 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     from sparseattn.viz import ch10_load_balance as V  # what chapter 10 shows once the suite is recorded
     t = V.recorded_table(bf)
     assert t.column("case") == list(BB.CASES) and "failed" not in str(t.rows)
-    assert t.column("persistent (ms)") == [f"{bf.ms(Impl.OURS_SPLIT, Pass.FWD, case=n, persistent=True):.3f}"
-                                                for n in BB.CASES]
+    # this run's persistent grid pulled its items (split.PERSISTENT_PULL), and the record says so
+    assert all(r.get("pull") is True for r in bf.select(Impl.OURS_SPLIT, Pass.FWD, persistent=True))
+    assert t.column("persistent, pulled (ms)") == [
+        f"{bf.ms(Impl.OURS_SPLIT, Pass.FWD, case=n, persistent=True):.3f}" for n in BB.CASES]
     cases = V.recorded_cases(bf)
     assert list(cases) == list(BB.CASES)
     assert all(set(c["split"]) == {r.case["split"] for r in bf.select(Impl.OURS_SPLIT, Pass.FWD, case=n,
@@ -833,7 +835,7 @@ def test_ch10_recorded_balance_figure_reads_the_record():
     flex_rows = bf.select(Impl.FLEX, Pass.FWD)
     assert ("FlexAttention (ms)" in table.columns) == bool(flex_rows)
     assert ("not in this run: FlexAttention" in table.caption) == (not flex_rows)
-    assert "persistent (ms)" not in V.recorded_table(thin).columns
+    assert not any(c.startswith("persistent") for c in V.recorded_table(thin).columns)
 
 
 def _synthetic_balance_files(tmp_path):

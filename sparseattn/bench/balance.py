@@ -15,7 +15,9 @@ plan's tasks, workspace traffic and merge). Each of our rows also carries
 :func:`sparseattn.balance.report` (per-program tiles, makespan over the SMs, tail share) and, for the split
 rows, the chunk the planner chose and the tasks it made. Each case also runs the persistent variant of the
 "auto" split (``FwdConfig.persistent``: a fixed grid of about two programs per SM looping over the same
-tasks), recorded as a split row with ``"persistent": true`` (the other split rows say ``false``). The routed case is also captured in a CUDA graph
+tasks), recorded as a split row with ``"persistent": true`` (the other split rows say ``false``) and ``pull``
+(programs pulling items from a counter, ``ops.split.PERSISTENT_PULL``, or dealt them in advance; files before
+it: dealt). The routed case is also captured in a CUDA graph
 on a dynamic layout of fixed capacity (``fwd (CUDA graph)``): replay time, the planner run under
 ``torch.cuda.set_sync_debug_mode("error")`` (no host sync), capacity vs tasks used. The same split forward also
 runs from CUDA-graph buckets (:class:`sparseattn.balance.GraphBuckets`, case ``"routed buckets"``): routed
@@ -302,7 +304,8 @@ def _persistent(q, k, v, layout, base_cfg, case, ideal, o_plain, H, D, sms, reco
     ``PERSISTENT_PROGRAMS_PER_SM x SMs`` programs (warp specialisation off on this path)."""
     from ..ops import split as S
     cfg = FwdConfig(**{**C.config_dict(base_cfg), "split": "auto", "persistent": True})
-    extra = {"ideal_ms": ideal, "config": C.config_dict(cfg)}
+    # pull: whether the programs took their items from a counter (split.PERSISTENT_PULL) or had them dealt
+    extra = {"ideal_ms": ideal, "config": C.config_dict(cfg), "pull": S.PERSISTENT_PULL}
     try:
         o = sparse_attention(q, k, v, layout, config=cfg)
         plan = BAL.plan(layout, cfg.block_m, "auto", H, sms, D)

@@ -184,7 +184,8 @@ def recorded_table(bf: BenchFile) -> Table:
                      f"{plain / ideal:.2f}" if plain and ideal else "",
                      f"{best.ms / ideal:.2f}" if best and ideal else "",
                      flex_ratio_cell(c, ours)])
-    header = ["case", "tokens x heads", "plain (ms)", "split auto (ms)", "best split: ms", "persistent (ms)",
+    mode = next(iter(cases.values()))["persistent_mode"] if cases else "dealt"
+    header = ["case", "tokens x heads", "plain (ms)", "split auto (ms)", "best split: ms", f"persistent, {mode} (ms)",
               "FlexAttention (ms)", "cuDNN causal (ms)", "ideal (ms)", "plain / ideal",
               "best split / ideal", "FlexAttention / our fastest"]
     # a column no case measured (FlexAttention in a run without it) is left out and named in the caption
@@ -318,7 +319,8 @@ def suite_order(names) -> list:
 
 def recorded_cases(bf: BenchFile) -> dict:
     """The recorded ``balance`` suite per case, in the suite's order: ``{case: {"N", "H", "plain", "persistent",
-    "graph", "cudnn", "flex", "ideal_ms", "predicted_ms", "split": {split: record}}}``, times in ms (``None``
+    "persistent_mode" ("pulled" or "dealt"), "graph", "cudnn", "flex", "ideal_ms", "predicted_ms", "split":
+    {split: record}}}``, times in ms (``None``
     where a row is missing or failed: "graph" exists for the routed case only, "cudnn" and "flex" where they ran;
     "flex_error": the first line of the error of a FlexAttention row that failed, else None). ``split`` holds the split grid's records
     ("auto", 16, 64), each with its ``chunk``, ``tasks``, ``merged_rows`` and ``predicted_ms``."""
@@ -335,7 +337,10 @@ def recorded_cases(bf: BenchFile) -> dict:
         out[name] = {"N": plain.case["N"], "H": plain.case["H"], "plain": plain.ms, "ideal_ms": plain.get("ideal_ms"),
                      "predicted_ms": plain.get("predicted_ms"),
                      "split": {r.case["split"]: r for r in both if not r.case.get("persistent")},
-                     "persistent": persist[0].ms if persist else None, "graph": graph[0].ms if graph else None,
+                     "persistent": persist[0].ms if persist else None,
+                     # how its programs got their items (files from before the counter dealt them)
+                     "persistent_mode": "pulled" if persist and persist[0].get("pull") else "dealt",
+                     "graph": graph[0].ms if graph else None,
                      "graph_record": graph[0] if graph else None, "cudnn": cud[0].ms if cud else None,
                      "flex": flex[0].ms if flex else None, "flex_error": flex_error(flex)}
     return out
@@ -365,8 +370,8 @@ def recorded_figure(bf: BenchFile) -> go.Figure:
                [f"chunk {c['split']['auto'].get('chunk')}" if "auto" in c["split"] else "" for c in cases.values()]),
               ("split, faster fixed chunk", [b.ms if b else None for b in best], COLORS[Impl.OURS_SPLIT], "/",
                [f"chunk {b.case['split']}" if b else "" for b in best]),
-              ('persistent, chunk "auto"', [c["persistent"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "x",
-               None)]
+              (f'persistent ({next(iter(cases.values()))["persistent_mode"]}), chunk "auto"',
+               [c["persistent"] for c in cases.values()], COLORS[Impl.OURS_SPLIT], "x", None)]
     if any(c["flex"] is not None for c in cases.values()):  # only runs that measured it
         series.append(("FlexAttention (compiled, same block mask)", [c["flex"] for c in cases.values()],
                        COLORS[Impl.FLEX], "", None))
