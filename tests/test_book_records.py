@@ -138,3 +138,14 @@ def test_ch10_recorded_one_head_calibration_does_not_fill_the_gpu():
         if t["below"]:  # either the calibration did not fill the GPU, or the case is within a few % of it
             cal = V.ideal_calibration(bw, name)
             assert cal["rows"] <= cal["sms"] or t["ratio"] > 0.95, (name, cal, t)
+
+
+def test_ch10_marks_an_error_the_suite_cut():
+    """A failed row keeps ``bench.balance.ERROR_CHARS`` characters of its message; chapter 10 marks one that
+    long as cut ("[...]") and leaves a shorter one as it is."""
+    from sparseattn.bench import balance as BB
+    from sparseattn.viz.ch10_load_balance import flex_error
+    case = {"case": "causal", "N": 1024, "H": 1}
+    cut = Record(case, Impl.FLEX, Pass.FWD, None, {"error": "InductorError: " + "x" * BB.ERROR_CHARS})
+    whole = Record(case, Impl.FLEX, Pass.FWD, None, {"error": "InductorError: boom"})
+    assert flex_error([cut]).endswith(" [...]") and flex_error([whole]) == "InductorError: boom"

@@ -41,6 +41,8 @@ from ..ops.config import layout_default
 from . import _common as C
 from .record import Impl, Pass, Record
 
+#: characters of an exception's message a failed row keeps (after its type name)
+ERROR_CHARS = 200
 NAME = "balance"
 DEFAULT_N = "65536"  # the documents case also runs at twice this (128k); --n sets the base length
 CONFIG_KIND = None
@@ -239,7 +241,7 @@ def _time(fn: Callable):
     try:
         return C.time_gpu(fn), None
     except Exception as e:  # noqa: BLE001 - out of memory or a refused shape: recorded, the suite goes on
-        return None, f"{type(e).__name__}: {str(e)[:200]}"
+        return None, f"{type(e).__name__}: {str(e)[:ERROR_CHARS]}"
 
 
 def _case(args, name, N, H, D, q, k, v, layout, tile_ms, sms, records, table) -> None:
@@ -314,7 +316,7 @@ def _persistent(q, k, v, layout, base_cfg, case, ideal, o_plain, H, D, sms, reco
                      programs=S.persistent_programs(plan.capacity, H, sms))
         ms, err = _time(lambda: sparse_attention(q, k, v, layout, config=cfg))
     except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
-        ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+        ms, err = None, f"{type(e).__name__}: {str(e)[:ERROR_CHARS]}"
     records.append(Record({**case, "split": "auto", "persistent": True}, Impl.OURS_SPLIT, Pass.FWD, ms,
                           {**extra, **({"error": err} if err else {})}))
     row.update({"persist_ms": _r(ms), "persist/ideal": _ratio(ms, ideal)})
@@ -353,7 +355,7 @@ def _graph(q, k, v, layout, base_cfg, case, ideal, records) -> None:
         extra.update(capacity=plan.capacity, tasks=int(plan.n_tasks[0]), ws_capacity=plan.ws_capacity)
         ms, err = _time(graph.replay)
     except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
-        ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+        ms, err = None, f"{type(e).__name__}: {str(e)[:ERROR_CHARS]}"
     records.append(Record({**case, "split": "auto"}, Impl.OURS_SPLIT, Pass.FWD_GRAPH, ms,
                           {**extra, **({"error": err} if err else {})}))
 
@@ -434,7 +436,7 @@ def _buckets(N, H, D, dtype, dev, base_cfg, records) -> None:
             ms, err = _time(lambda: buckets.replay(edge))
             del exact, q, k, v, got, eager, on_static
         except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
-            ms, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+            ms, err = None, f"{type(e).__name__}: {str(e)[:ERROR_CHARS]}"
         records.append(Record(case, Impl.OURS_SPLIT, Pass.FWD_GRAPH, ms, {**extra, **({"error": err} if err else {})}))
 
 

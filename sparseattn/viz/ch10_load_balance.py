@@ -276,7 +276,11 @@ def flex_error(rows) -> Optional[str]:
     if not rows or rows[0].ms is not None:
         return None
     err = str(rows[0].get("error") or "no error recorded")
-    return err.splitlines()[0] if err.strip() else "no error recorded"
+    if not err.strip():
+        return "no error recorded"
+    line = err.splitlines()[0]
+    # the suite keeps ERROR_CHARS characters of a message after its type name: say where it was cut
+    return line.rstrip() + " [...]" if len(line.partition(": ")[2]) >= BB.ERROR_CHARS else line
 
 
 def flex_cell(c: dict) -> str:
