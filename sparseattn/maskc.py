@@ -569,9 +569,8 @@ def tile_bounds(mask_mod, grid):
     ``causal & stripes`` it empties every tile above the diagonal, which the device classification would
     otherwise scan cell by cell."""
     from .patterns import TileBounds
-    try:
-        traced = trace(mask_mod, pos_bound=pos_bound_for(max(grid.q_start + grid.q_len, grid.kv_len)))
-    except Exception:  # noqa: BLE001 - any failure: the cell evaluation after this reports the mask's errors
+    traced = _traced_for(mask_mod, pos_bound_for(max(grid.q_start + grid.q_len, grid.kv_len)))
+    if traced is None:
         return None
     pos = {"b": (grid.b, grid.b), "h": (grid.h, grid.h), "q": (grid.q_lo, grid.q_hi), "kv": (grid.k_lo, grid.k_hi)}
     vals: dict = {}
@@ -580,6 +579,24 @@ def tile_bounds(mask_mod, grid):
     may_true, may_false = (torch.broadcast_to(torch.as_tensor(x), (grid.B, grid.H, grid.nq, grid.nk))
                            for x in vals[traced.out])
     return TileBounds(~may_false, may_true, ~may_false, may_true)
+
+
+_TRACED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # mask_mod -> {pos_bound: Traced or None}
+
+
+def _traced_for(mask_mod, pos_bound: int) -> Optional[Traced]:
+    """:func:`trace` remembered per mask_mod object (weakly): a layout built again from the same mask traces it
+    once. None on any failure while tracing -- the cell evaluation that follows reports the mask's errors."""
+    try:
+        memo = _TRACED.setdefault(mask_mod, {})
+    except TypeError:  # not weakly referenceable: no memo
+        memo = {}
+    if pos_bound not in memo:
+        try:
+            memo[pos_bound] = trace(mask_mod, pos_bound=pos_bound)
+        except Exception:  # noqa: BLE001
+            memo[pos_bound] = None
+    return memo[pos_bound]
 
 
 def _tile_value(g: Graph, n: Node, vals: dict, pos: dict):

@@ -281,9 +281,7 @@ def sweep(args) -> tuple:
     N = max(Ns)
     patterns = args.patterns.split(",") if args.patterns else list(SWEEP_PATTERNS)
     budget = getattr(args, "budget_s", 500.0)
-    shapes = getattr(args, "sweep_shapes", None) or SWEEP_SHAPES
-    if isinstance(shapes, str):
-        shapes = parse_sweep_shapes(shapes)
+    shapes = getattr(args, "sweep_shapes", None) or SWEEP_SHAPES  # parsed by the CLI (parse_sweep_shapes)
     dev, dtype = args.device, torch.bfloat16
     t0 = time.perf_counter()
     records, table = [], []
