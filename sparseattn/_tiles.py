@@ -294,6 +294,14 @@ def eval_tiles_compiled(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk)
     return _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells=True)[2]
 
 
+#: Before the classification kernel, the traced bounds run only when at least this many tiles are undecided
+#: (None: never; 0: always). On the H200 they cost about 0.95 ms whatever the size (70-odd small tensor
+#: launches) and the kernel about 17 ns for each tile it must scan whole, so they pay when they could remove
+#: more than about 60 000 tiles: stripes from a plain lambda built 1.62 ms without them and 2.38 with them
+#: at N = 32k (65 536 undecided tiles), 11.96 and 4.97 ms at 128k (1 048 576);
+#: ``book/data/bench/checks/layout-traced-bounds.py`` is the A/B.
+TRACED_BOUNDS_MIN_TILES: Optional[int] = 1 << 17
+
 _CLASSIFY_KERNEL: Optional[bool] = None  # None: the kernel on CUDA devices, torch elsewhere
 
 
@@ -312,11 +320,14 @@ def classify_kernel(use: Optional[bool]):
 def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kernel: Optional[bool] = None):
     """Block-level ``(partial, full)`` for ``mask_mod`` (restricted to ``listed`` tiles when given).
 
-    The tile rule decides what it can; where it leaves tiles undecided, the traced mask's interval bounds
-    (:func:`sparseattn.maskc.tile_bounds`) may empty or fill some more (a plain lambda has no rule of its
-    own). The rest are reduced on the device by the compiled predicate (:mod:`sparseattn.maskc`, one program
-    per tile, nothing per cell stored) when ``use_kernel`` (default: on a CUDA device) and the mask compiles;
-    else evaluated with torch in chunks."""
+    The tile rule decides what it can. The undecided tiles are reduced on the device by the compiled
+    predicate (:mod:`sparseattn.maskc`, one program per tile, nothing per cell stored) when ``use_kernel``
+    (default: on a CUDA device) and the mask compiles; else evaluated with torch in chunks, and then first
+    the traced mask's interval bounds (:func:`sparseattn.maskc.tile_bounds`) empty or fill what they can (a
+    plain lambda has no rule of its own). The bounds pay only there: torch evaluates every cell of an
+    undecided tile, while the kernel proves a tile in one program and its early exit settles a partial one
+    in its first rows, so before the kernel the bounds' few dozen small tensor launches pay only on large
+    grids (:data:`TRACED_BOUNDS_MIN_TILES`)."""
     from . import maskc
     shape = (grid.B, grid.H, grid.nq, grid.nk)
     bounds = tile_rule_of(mask_mod)(grid)
@@ -327,16 +338,18 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     if listed is not None:
         full, partial, undecided = full & listed, partial & listed, undecided & listed
     b, h, qi, ki = undecided.nonzero(as_tuple=True)
-    traced = maskc.tile_bounds(mask_mod, grid) if b.numel() else None
+    if use_kernel is None:
+        use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
+    compiled = compiled_mask_for(mask_mod, grid) if use_kernel and b.numel() else None
+    least = TRACED_BOUNDS_MIN_TILES
+    bound_first = compiled is None or (least is not None and b.numel() >= least)
+    traced = maskc.tile_bounds(mask_mod, grid) if b.numel() and bound_first else None
     if traced is not None:  # a few elementwise ops per node of the expression over the tile grid
         surely_full = traced.all_lo.to(grid.device)
         surely_empty = ~traced.any_hi.to(grid.device)
         full = full | (undecided & surely_full)
         undecided = undecided & ~surely_full & ~surely_empty
         b, h, qi, ki = undecided.nonzero(as_tuple=True)
-    if use_kernel is None:
-        use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
-    compiled = compiled_mask_for(mask_mod, grid) if use_kernel and b.numel() else None
     if compiled is not None:
         any_, all_, _ = _mask_tiles_launch(compiled, b, h, qi, ki, grid.q_start, grid.q_len, grid.kv_len,
                                            grid.block_q, grid.block_k, cells=False)

@@ -385,3 +385,20 @@ def test_classification_kernel_reads_further_rows_only_when_it_must(rows, monkey
     kinds = torch.stack([(p | f).sum() for p, f in (T.classify(mm, grid, None, use_kernel=False) for mm in cases)])
     assert (kinds > 0).all()
 
+
+
+@pytest.mark.parametrize("least", [None, 0, 60, 10**6])
+def test_traced_bounds_run_before_the_kernel_only_from_their_tile_count(least, monkeypatch):
+    """Before the classification kernel the traced bounds run only when at least TRACED_BOUNDS_MIN_TILES
+    tiles are undecided (None: never); on the torch path always. The classes are the same either way."""
+    monkeypatch.setattr(T, "TRACED_BOUNDS_MIN_TILES", least)
+    calls = []
+    real = maskc.tile_bounds
+    monkeypatch.setattr(maskc, "tile_bounds", lambda mm, grid: calls.append(grid) or real(mm, grid))
+    grid = TileGrid(0, 320, 320, 32, 32, 1, 1, torch.device("cpu"))  # 100 tiles, none decided by a rule
+    stripes = LAMBDAS["stripes"]
+    got = T.classify(stripes, grid, None, use_kernel=True)
+    assert len(calls) == (least is not None and least <= 100)
+    want = T.classify(stripes, grid, None, use_kernel=False)
+    assert len(calls) == (least is not None and least <= 100) + 1  # the torch path bounds first
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
