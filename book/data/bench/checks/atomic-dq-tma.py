@@ -33,6 +33,7 @@ def _grads(lay, q, k, v, do, deterministic):
 
 def main(out_dir: str) -> str:
     records, table = [], []
+    default = bwd.ATOMIC_DQ_TMA
     flex = C.compiled_flex()
     for name in PATTERNS:
         lay = prefill_layout(name, N, device=DEV)
@@ -52,7 +53,7 @@ def main(out_dir: str) -> str:
                 extra["dq_rel_err_vs_deterministic"] = ((dq - ref_dq).norm() / ref_dq.norm()).item()
             records.append(Record(case, Impl.OURS, Pass.BWD, ms, extra))
             row[f"{label}_ms"] = None if ms is None else round(ms, 3)
-        bwd.ATOMIC_DQ_TMA = False
+        bwd.ATOMIC_DQ_TMA = default
         bm = lay.to_flex()
         ms_f = C.pass_graph_ms(lambda a, b, c: flex(a, b, c, block_mask=bm), q, k, v, do, warm=True)
         records.append(Record(case, Impl.FLEX, Pass.BWD, ms_f, {"timing": "device"}))
