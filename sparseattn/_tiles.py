@@ -28,23 +28,31 @@ def cells_per_chunk(device: torch.device) -> int:
     return 1 << 26 if device.type == "cuda" else 1 << 24
 
 
-def rows_to_lists(blocks: torch.Tensor, width: Optional[int] = None):
+def rows_to_lists(blocks: torch.Tensor, width: Optional[int] = None, count: Optional[torch.Tensor] = None):
     """Block-level bool ``[..., n]`` -> (count ``[...]``, ascending index ``[..., W]``), padded with 0.
 
-    One pass, no sort: each allowed column goes to slot ``cumsum - 1``; the rest land in a spill slot ``W``
-    that is cut off afterwards.
+    One pass, no sort: each allowed column goes to slot ``cumsum`` (1-based), the rest to a spill slot 0 that
+    is cut off afterwards. ``count``: the rows' counts when the caller has them (``blocks.sum(-1)``, int32);
+    ``width`` None is the longest row (one host sync).
     """
     n = blocks.shape[-1]
-    count = blocks.sum(-1, dtype=torch.int32)
+    if count is None:
+        count = blocks.sum(-1, dtype=torch.int32)
     if width is None:
         width = int(count.max()) if count.numel() else 0
     width = max(width, 1)
-    slot = torch.cumsum(blocks, -1, dtype=torch.int64) - 1
-    slot = torch.where(blocks, slot, torch.full_like(slot, width))
+    slot = torch.where(blocks, torch.cumsum(blocks, -1, dtype=torch.int64), 0)  # [..., n]
     index = torch.zeros(*blocks.shape[:-1], width + 1, dtype=torch.int64, device=blocks.device)
-    cols = torch.arange(n, device=blocks.device, dtype=torch.int64).expand_as(slot)
-    index.scatter_(-1, slot, torch.where(blocks, cols, torch.zeros_like(cols)))
-    return count, index[..., :width].to(INDEX_DTYPE).contiguous()
+    cols = torch.arange(n, device=blocks.device, dtype=torch.int64)
+    index.scatter_(-1, slot, torch.where(blocks, cols, 0))
+    return count, index[..., 1:].to(INDEX_DTYPE).contiguous()
+
+
+def class_lists(partial: torch.Tensor, full: torch.Tensor):
+    """:func:`rows_to_lists` of both tile classes ``[B, H, nq, nk]`` with one host sync for both widths."""
+    counts = [x.sum(-1, dtype=torch.int32) for x in (partial, full)]
+    widths = torch.stack([c.max() for c in counts]).tolist() if counts[0].numel() else [0, 0]
+    return [rows_to_lists(x, int(w), c) for x, w, c in zip((partial, full), widths, counts)]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -270,23 +278,31 @@ def compiled_mask_for(mask_mod, grid: TileGrid, warn: bool = True):
 MASK_TILE_ROWS: Optional[int] = None
 
 
-def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells: bool):
-    """Run :mod:`sparseattn.kernels.mask_tiles` over the listed tiles: ``(any [t], all [t], cells or None)``."""
+def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells: bool, every=None,
+                       device=None):
+    """Run :mod:`sparseattn.kernels.mask_tiles` over the listed tiles, or, with ``every = (B, H, nq, nk)`` and
+    no list (``b``, ``h``, ``qi``, ``ki`` None, ``device`` given), over every tile of that grid in row-major
+    order: ``(any [t], all [t], cells or None)``."""
     from .kernels import BACKEND
     from .kernels.mask_tiles import mask_tiles_kernel
-    dev = b.device
-    t = b.numel()
+    if every is None:
+        dev, t, n_heads, n_q, n_k = b.device, b.numel(), 1, 1, 1
+        i32 = lambda x: x.to(torch.int32).contiguous()  # noqa: E731
+        tiles = dict(TB=i32(b), TH=i32(h), TQ=i32(qi), TK=i32(ki))
+    else:
+        (B, n_heads, n_q, n_k), dev = every, device
+        t = B * n_heads * n_q * n_k
+        tiles = dict(TB=None, TH=None, TQ=None, TK=None)
     some = torch.empty(t, dtype=torch.int8, device=dev)
-    every = torch.empty_like(some)
+    every_ = torch.empty_like(some)
     out = torch.empty(t, bq, bk, dtype=torch.int8, device=dev) if cells else None
     if t:
         # the interpreter runs a whole tile per step (one numpy call per operation); a GPU a few rows a step
         rows = MASK_TILE_ROWS or (bq if BACKEND == "interpreter" else max(1, min(bq, 4096 // bk)))
-        i32 = lambda x: x.to(torch.int32).contiguous()  # noqa: E731
-        mask_tiles_kernel[(t,)](TB=i32(b), TH=i32(h), TQ=i32(qi), TK=i32(ki), ANY=some, ALL=every, CELLS=out,
-                                q_offset=q_offset, q_len=q_len, kv_len=kv_len, **compiled.kernel_args(dev),
+        mask_tiles_kernel[(t,)](**tiles, ANY=some, ALL=every_, CELLS=out, q_offset=q_offset, q_len=q_len,
+                                kv_len=kv_len, n_heads=n_heads, n_q=n_q, n_k=n_k, **compiled.kernel_args(dev),
                                 BLOCK_Q=bq, BLOCK_K=bk, ROWS=rows, num_warps=4)
-    return some.bool(), every.bool(), None if out is None else out.bool()
+    return some.bool(), every_.bool(), None if out is None else out.bool()
 
 
 def eval_tiles_compiled(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk) -> torch.Tensor:
@@ -327,9 +343,22 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     plain lambda has no rule of its own). The bounds pay only there: torch evaluates every cell of an
     undecided tile, while the kernel proves a tile in one program and its early exit settles a partial one
     in its first rows, so before the kernel the bounds' few dozen small tensor launches pay only on large
-    grids (:data:`TRACED_BOUNDS_MIN_TILES`)."""
+    grids (:data:`TRACED_BOUNDS_MIN_TILES`). A mask with no rule at all (a plain function) on a smaller grid
+    sends every tile to the kernel without listing them: no ``nonzero``, no host sync."""
     from . import maskc
     shape = (grid.B, grid.H, grid.nq, grid.nk)
+    if use_kernel is None:
+        use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
+    every = listed is None and getattr(mask_mod, "tile_rule", None) is None  # no rule: no tile decided
+    least = TRACED_BOUNDS_MIN_TILES
+    if every and use_kernel and (least is None or grid.B * grid.H * grid.nq * grid.nk < least):
+        compiled = compiled_mask_for(mask_mod, grid)
+        if compiled is not None:  # every tile to the kernel, no list of them
+            any_, all_, _ = _mask_tiles_launch(compiled, None, None, None, None, grid.q_start, grid.q_len,
+                                               grid.kv_len, grid.block_q, grid.block_k, cells=False,
+                                               every=shape, device=grid.device)
+            full = all_.view(shape)
+            return any_.view(shape) & ~full, full
     bounds = tile_rule_of(mask_mod)(grid)
     any_lo, any_hi, all_lo, all_hi = (torch.broadcast_to(x.to(grid.device), shape) for x in bounds)
     full = all_lo.clone()
@@ -338,10 +367,7 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     if listed is not None:
         full, partial, undecided = full & listed, partial & listed, undecided & listed
     b, h, qi, ki = undecided.nonzero(as_tuple=True)
-    if use_kernel is None:
-        use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
     compiled = compiled_mask_for(mask_mod, grid) if use_kernel and b.numel() else None
-    least = TRACED_BOUNDS_MIN_TILES
     bound_first = compiled is None or (least is not None and b.numel() >= least)
     traced = maskc.tile_bounds(mask_mod, grid) if b.numel() and bound_first else None
     if traced is not None:  # a few elementwise ops per node of the expression over the tile grid

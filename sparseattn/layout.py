@@ -147,8 +147,7 @@ class BlockLayout:
     def _from_block_classes(cls, partial: torch.Tensor, full: torch.Tensor, *, q_len, kv_len, block_q, block_k,
                             mask_mod=None, tile_bits=None, q_offset=None) -> "BlockLayout":
         """Lists from block-level class masks ``[B,H,nq,nk]`` (disjoint); correct by construction."""
-        kv_count, kv_index = T.rows_to_lists(partial)
-        full_count, full_index = T.rows_to_lists(full)
+        (kv_count, kv_index), (full_count, full_index) = T.class_lists(partial, full)
         return cls(kv_count, kv_index, full_count, full_index, q_len=q_len, kv_len=kv_len, block_q=block_q,
                    block_k=block_k, mask_mod=mask_mod, tile_bits=tile_bits, validate=False, q_offset=q_offset)
 

@@ -402,3 +402,19 @@ def test_traced_bounds_run_before_the_kernel_only_from_their_tile_count(least, m
     want = T.classify(stripes, grid, None, use_kernel=False)
     assert len(calls) == (least is not None and least <= 100) + 1  # the torch path bounds first
     assert all(torch.equal(x, y) for x, y in zip(got, want))
+
+
+def test_a_mask_without_a_rule_sends_every_tile_to_the_kernel_unlisted(monkeypatch):
+    """A plain function (no tile rule) on a grid below the bounds' gate: one launch over every tile of the
+    [B, H, nq, nk] grid, program t its t-th tile in row-major order, no list; classes equal the torch
+    path's on a mask that depends on b and h (a wrong unravelling of t would move them)."""
+    seen = []
+    real = T._mask_tiles_launch
+    monkeypatch.setattr(T, "_mask_tiles_launch", lambda *a, **k: seen.append(k.get("every")) or real(*a, **k))
+    mm = lambda b, h, q, k: (((q + 3 * h + 5 * b) // 16) % 3 == 0) | (k == q + b)  # noqa: E731
+    grid = TileGrid(7, 100, 130, 32, 32, 2, 3, torch.device("cpu"))  # 2 x 3 x 4 x 5 tiles
+    got = T.classify(mm, grid, None, use_kernel=True)
+    assert seen == [(2, 3, 4, 5)]
+    want = T.classify(mm, grid, None, use_kernel=False)
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
+    assert want[0].any() and want[1].any() and not (want[0] | want[1]).all()  # every class present

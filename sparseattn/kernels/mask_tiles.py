@@ -6,6 +6,9 @@ no cell is ever written to memory, so the cost is the evaluation itself and memo
 ``CELLS`` given the program also writes the tile's cells (int8 ``[T, BLOCK_Q, BLOCK_K]``, 0 outside the
 sequences): what tests compare cell by cell against the eager mask_mod. Without it, a tile whose first
 ``ROWS`` rows already hold an allowed and a masked cell is partial and its other rows are never evaluated.
+Without a tile list (``TB`` None) the launch covers every tile of the ``[B, H, nq, nk]`` grid, program ``t``
+its ``t``-th tile in row-major order: a mask with no tile rule leaves every tile undecided, and listing them
+would cost a ``nonzero`` (a host sync) and four index tensors for nothing.
 """
 import triton
 import triton.language as tl
@@ -21,17 +24,25 @@ def _rows(b, h, q0, r0, k_pos, k_ok, q_offset, q_len, MASK_FN: tl.constexpr, CAP
     return allowed, ok
 
 
-@triton.heuristics({"WRITE_CELLS": lambda a: a["CELLS"] is not None})
+@triton.heuristics({"WRITE_CELLS": lambda a: a["CELLS"] is not None, "EVERY_TILE": lambda a: a["TB"] is None})
 @triton.jit
-def mask_tiles_kernel(TB, TH, TQ, TK, ANY, ALL, CELLS, q_offset, q_len, kv_len,
+def mask_tiles_kernel(TB, TH, TQ, TK, ANY, ALL, CELLS, q_offset, q_len, kv_len, n_heads, n_q, n_k,
                       MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                       BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                      WRITE_CELLS: tl.constexpr):
+                      WRITE_CELLS: tl.constexpr, EVERY_TILE: tl.constexpr):
     t = tl.program_id(0)
-    b = tl.load(TB + t)
-    h = tl.load(TH + t)
-    q0 = tl.load(TQ + t) * BLOCK_Q
-    k_pos = tl.load(TK + t) * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
+    if EVERY_TILE:  # no list: program t is tile t of the whole [B, H, nq, nk] grid, row-major
+        ki = t % n_k
+        qi = (t // n_k) % n_q
+        h = (t // (n_k * n_q)) % n_heads
+        b = t // (n_k * n_q * n_heads)
+    else:
+        b = tl.load(TB + t)
+        h = tl.load(TH + t)
+        qi = tl.load(TQ + t)
+        ki = tl.load(TK + t)
+    q0 = qi * BLOCK_Q
+    k_pos = ki * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
     k_ok = k_pos < kv_len
     if WRITE_CELLS:  # every cell is needed: all rows
         some = tl.zeros([ROWS, BLOCK_K], tl.int32)

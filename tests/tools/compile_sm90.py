@@ -216,6 +216,11 @@ def variants():
             yield mask_tiles.mask_tiles_kernel, ptrs, (), dict(
                 MASK_FN=fn, BLOCK_Q=128, BLOCK_K=128, ROWS=32, **{f"CAP{j}": None for j in range(len(types), 4)},
                 **({} if cells else {"CELLS": None}))
+        if i == 0:  # no tile list: every tile of the grid, in row-major order
+            ptrs = dict(ANY="*i8", ALL="*i8", CAP_SHAPE=I32, **caps)
+            yield mask_tiles.mask_tiles_kernel, ptrs, (), dict(
+                MASK_FN=fn, BLOCK_Q=128, BLOCK_K=128, ROWS=32, TB=None, TH=None, TQ=None, TK=None, CELLS=None,
+                **{f"CAP{j}": None for j in range(len(types), 4)})
     for sel in (False, True):
         ptrs = dict(Q=BF16, K_PAGES=BF16, V_PAGES=BF16, PAGE_TABLE=I32, SEQ_LENS=I32, SEQS=I32, O_PART=F32,
                     LSE_PART=F32, **({"SEL_INDEX": I32, "SEL_COUNT": I32} if sel else {}))
