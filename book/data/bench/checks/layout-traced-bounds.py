@@ -55,7 +55,8 @@ def main(out_dir: str) -> str:
             table.append(row)
             print(row, flush=True)
     path = C.write_json("layout-traced-bounds", records, out_dir, C.environment())
-    C.print_table(table, ["pattern", "N", "kernel_only_ms", "bounds_ms", "gated_ms", "tile_bounds_alone_ms", "same_table"])
+    C.print_table(table, ["pattern", "N", "kernel_only_ms", "bounds_ms", "gated_ms", "tile_bounds_alone_ms",
+                          "same_table"])
     return path
 
 
