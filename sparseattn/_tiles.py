@@ -120,8 +120,9 @@ def transpose_lists(kv_count: torch.Tensor, kv_index: torch.Tensor, full_count: 
 
     One Triton launch (:mod:`sparseattn.kernels.transpose`) when both widths are given: no host sync, fixed
     shapes. A width left None is the longest column of that list (at least 1; :func:`longest_column`, one
-    host sync). ``zero_pad`` fills the unused tail of each column with 0. ``fast_launch``: on the GPU, the launch skips Triton's argument binding after
-    the first call of its kind (:mod:`sparseattn._fast_launch`; the same compiled kernel, the same result)."""
+    host sync). ``zero_pad`` fills the unused tail of each column with 0. ``fast_launch``: on the GPU, the
+    launch skips Triton's argument binding after the first call of its kind (:mod:`sparseattn._fast_launch`;
+    the same compiled kernel, the same result)."""
     from .kernels import BACKEND
     B, H, n_rows, W = kv_index.shape
     FW = full_index.shape[-1]
