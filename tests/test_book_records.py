@@ -88,6 +88,20 @@ def _failed_flex(doc: BenchFile, case: str, pass_: str) -> BenchFile:
                  add=[Record(dict(old.case), Impl.FLEX, pass_, None, {"error": ERR, "ideal_ms": 1.0})])
 
 
+def test_ch9_crossover_captions_date_each_part():
+    """The crossover file merges parts run hours or days apart: a caption over all of them names each part's
+    time, and one curve's figure gives its own part's date, not the file's."""
+    from sparseattn.viz import ch09_roofline as V9
+    xo = book.load_bench("crossover")
+    parts = xo.meta["parts"]
+    cap = V9.run_caption(xo)
+    assert all(f"{k} {m['date'][:10]} {m['date'][11:16]}" in cap for k, m in parts.items())
+    for family, pass_, n in (("decode", "decode", 16384), ("window", "bwd", None)):
+        title = V9.crossover_figure(xo, family, pass_, n).layout.title.text
+        assert f"{parts[pass_]['date'][:10]} {parts[pass_]['date'][11:16]} UTC" in title
+    assert parts["decode"]["date"][:10] != xo.meta["date"][:10]  # else this test cannot fail
+
+
 def test_ch10_shows_a_flex_compile_failure_with_its_first_line():
     from sparseattn.viz import ch10_load_balance as V
     bf = _failed_flex(book.load_bench("balance"), "routed skewed (synthetic)", Pass.FWD)
