@@ -355,7 +355,7 @@ def crossover_figure(doc: BenchFile, family: str, pass_: str, N: Optional[int] =
                       yaxis_title=f"speedup over {e['envelope']} cuDNN", legend=dict(font=dict(size=10)),
                       title=f"{e['pattern']} {pass_}{where}<br><sup>crossover: ours {_bfmt(e['ours_bracket'], v)}, "
                             f"FlexAttention {_bfmt(e['flex_bracket'], v)}<br>predicted (ours) "
-                            f"{_fmt(e['ours_predicted'])}; {_part_caption(doc, pass_)}</sup>")
+                            f"{_fmt(e['ours_predicted'])}<br>{_part_caption(doc, pass_)}</sup>")
     fig.update_xaxes(range=[math.log10(min(x)) - 0.05, math.log10(max(x)) + 0.05])
     fig.update_yaxes(range=[math.log10(min(ys + [1.0]) / 1.3), math.log10(max(ys + [1.0]) * 1.3)])
     return tidy_log(fig)
