@@ -207,8 +207,11 @@ def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
     fig.update_yaxes(title_text="predicted ms", row=1, col=2)
     fig.update_layout(height=580 + 20 * caption.count("<br>"), title_font_size=12,
                       legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
-                      title=f"Predicted vs measured on the crossover sweep<br><sup>left: the call replayed from a "
-                            f"CUDA graph (no host work)<br>right: the eager call, event-timed<br>{caption}</sup>",
+                      title=dict(text=f"Predicted vs measured on the crossover sweep<br><sup>left: the call "
+                                      f"replayed from a CUDA graph (no host work)<br>right: the eager call, "
+                                      f"event-timed<br>{caption}</sup>",
+                                 # hung from the top: a title of more lines grows down, not into the panels
+                                 yref="container", y=1 - 24 / (580 + 20 * caption.count("<br>")), yanchor="top"),
                       margin=dict(t=170 + 20 * caption.count("<br>")))  # 4+ title lines over the panels' titles
     fig.update_annotations(font_size=11)
     return tidy_log(fig)
@@ -241,8 +244,10 @@ def timing_ratio_figure(points: List[dict], caption: str = "") -> go.Figure:
     fig.update_yaxes(title_text="predicted / measured", row=1, col=2)
     extra = 20 * caption.count("<br>")  # a caption of several lines: more room above, the same plot below
     fig.update_layout(height=440 + extra, title_font_size=12, legend=dict(orientation="h", y=-0.25),
-                      title=f"Predicted / measured against N (band: +-25%)<br><sup>circles forward, squares "
-                            f"backward, diamonds decode<br>{caption}</sup>", margin=dict(t=120 + extra))
+                      title=dict(text=f"Predicted / measured against N (band: +-25%)<br><sup>circles forward, "
+                                      f"squares backward, diamonds decode<br>{caption}</sup>",
+                                 yref="container", y=1 - 24 / (440 + extra), yanchor="top"),  # grows down
+                      margin=dict(t=120 + extra))
     return tidy_log(fig)
 
 
