@@ -57,6 +57,10 @@ def test_versus_bwd_figure_has_one_bar_per_line_targets_and_units():
     assert "x" in fig.layout.yaxis.title.text and fig.layout.xaxis.title.text
     title = fig.layout.title.text
     assert doc.meta["device"] in title and doc.meta["torch"] in title and doc.meta["date"][:10] in title
+    # a merged file: the caption times the rows drawn, and names no row the figure does not draw
+    dates, shown = V.versus_row_dates(doc), {x["row"] for x in lines}
+    assert all(dates[r][11:16] in title for r in shown)
+    assert not any(r in title for r in dates if r not in shown)
     assert max(v for b in bars for v in b.y) <= fig.layout.yaxis.range[1]
 
 
@@ -82,6 +86,20 @@ def _failed_flex(doc: BenchFile, case: str, pass_: str) -> BenchFile:
     old = next(r for r in doc.records if r.impl == Impl.FLEX and r.pass_ == pass_ and r.case["case"] == case)
     return _with(doc, drop=lambda r: r is old or r.to_json() == old.to_json(),
                  add=[Record(dict(old.case), Impl.FLEX, pass_, None, {"error": ERR, "ideal_ms": 1.0})])
+
+
+def test_ch9_crossover_captions_date_each_part():
+    """The crossover file merges parts run hours or days apart: a caption over all of them names each part's
+    time, and one curve's figure gives its own part's date, not the file's."""
+    from sparseattn.viz import ch09_roofline as V9
+    xo = book.load_bench("crossover")
+    parts = xo.meta["parts"]
+    cap = V9.run_caption(xo)
+    assert all(f"{k} {m['date'][:10]} {m['date'][11:16]}" in cap for k, m in parts.items())
+    for family, pass_, n in (("decode", "decode", 16384), ("window", "bwd", None)):
+        title = V9.crossover_figure(xo, family, pass_, n).layout.title.text
+        assert f"{parts[pass_]['date'][:10]} {parts[pass_]['date'][11:16]} UTC" in title
+    assert parts["decode"]["date"][:10] != xo.meta["date"][:10]  # else this test cannot fail
 
 
 def test_ch10_shows_a_flex_compile_failure_with_its_first_line():

@@ -123,18 +123,23 @@ def versus_bwd(doc: BenchFile) -> list:
     return out
 
 
-def versus_caption(doc: BenchFile, sep: str = "; ") -> str:
+def versus_caption(doc: BenchFile, sep: str = "; ", rows=None) -> str:
     """Where, when and with which versions a ``versus`` file was measured (from its meta): the file's caption,
     then CUDA, cuDNN and sparseattn versions where recorded, then, for a merged file, which rows ran when;
-    joined by ``sep``."""
+    joined by ``sep``. ``rows`` (row keys) limits the times to the rows a figure shows."""
     m = doc.meta
     extra = ", ".join(f"{name} {m[k]}" for k, name in (("cuda", "CUDA"), ("cudnn", "cuDNN"),
                                                        ("sparseattn", "sparseattn")) if k in m)
     parts = [doc.caption()] + ([extra] if extra else [])
+    dates = versus_row_dates(doc)
+    merged = len(set(dates.values())) > 1
     by_date = {}
-    for row, date in versus_row_dates(doc).items():
-        by_date.setdefault(date, []).append(row)
-    if len(by_date) > 1:  # rows re-measured over earlier runs (``--merge``, maybe more than once): which ran when
+    for row, date in dates.items():
+        if rows is None or row in rows:
+            by_date.setdefault(date, []).append(row)
+    if merged and len(by_date) == 1:  # a merged file whose shown rows ran together: when
+        parts.append(f"all rows shown at {next(iter(by_date))[11:16]} UTC")
+    elif len(by_date) > 1:  # rows re-measured over earlier runs (``--merge``, maybe more than once): which ran when
         most = max(by_date, key=lambda d: len(by_date[d]))
         # one part per run: a figure caption puts each on its own line (``sep``), so none outgrows the figure
         parts += [f"rows {', '.join(rows)} at {d[11:16]} UTC" for d, rows in sorted(by_date.items()) if d != most]
@@ -181,7 +186,7 @@ def versus_bwd_figure(doc: BenchFile) -> go.Figure:
                           "Backward against FlexAttention, each row in one run (issue 13's rows)<br><sup>"
                           "dQ, dK, dV from a kept forward; B=1, H=16, D=128, N=32k, bf16, tiles 128 unless noted"
                           "<br>FlexAttention compiled on the same block mask, same run (sparseattn.bench versus)"
-                          f"<br>{versus_caption(doc, '<br>')}</sup>")),
+                          f"<br>{versus_caption(doc, '<br>', {x['row'] for x in lines})}</sup>")),
                       xaxis=dict(title="pattern (shape where it differs)", tickvals=list(range(len(labels))),
                                  ticktext=labels, tickangle=-20),
                       yaxis=dict(title="FlexAttention / ours (time ratio, x)",

@@ -19,7 +19,7 @@ from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, bracket, describe_
 from . import COLORS, Table
 from ._axes import tidy_log
 
-__all__ = ["ceilings_table", "intensity_points", "roofline_figure", "TIMINGS", "sweep_points", "timing_scatter",
+__all__ = ["run_caption", "ceilings_table", "intensity_points", "roofline_figure", "TIMINGS", "sweep_points", "timing_scatter",
            "timing_ratio_figure", "accuracy_table", "host_table", "length_brackets", "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure",
            "profile_figure", "EXPLORER_FAMILIES", "explorer_layout", "terms_figure"]
 
@@ -151,6 +151,27 @@ def _pass_of(p: dict) -> str:
     return "decode" if p["pass"].startswith("decode") else p["pass"]
 
 
+def run_caption(doc: BenchFile, sep: str = "; ") -> str:
+    """The file's caption and, for a file whose parts ran at different times (the crossover sweep), when each
+    part ran (``meta.parts.<part>.date``), joined by ``sep``."""
+    parts = {k: m["date"] for k, m in doc.meta.get("parts", {}).items() if m.get("date")}
+    if len(set(parts.values())) < 2:
+        return doc.caption()
+    when = ", ".join(f"{k} {d[:10]} {d[11:16]}" for k, d in sorted(parts.items(), key=lambda kv: kv[1],
+                                                                    reverse=True))
+    return f"{doc.caption()}{sep}parts: {when} UTC"
+
+
+def _part_caption(doc: BenchFile, part: str) -> str:
+    """Where and when one part of a multi-part file ran (its own date), else the file's caption."""
+    m = doc.meta.get("parts", {}).get(part)
+    if not m or not m.get("date"):
+        return doc.caption()
+    d = m["date"]
+    return (f"measured on {m.get('device', doc.meta['device'])}, {d[:10]} {d[11:16]} UTC ({part} part), "
+            f"torch {m.get('torch', doc.meta['torch'])}, triton {m.get('triton', doc.meta['triton'])}")
+
+
 def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
     """Predicted against measured ms of :func:`sweep_points`, two panels: device time (left) and eager time
     (right); one colour per implementation, one marker per pass, y = x and the +-25% band; each panel's title
@@ -184,10 +205,14 @@ def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
         fig.update_yaxes(type="log", range=[math.log10(lo), math.log10(hi)], row=1, col=col)
     fig.update_yaxes(title_text="predicted ms (cost model, fitted elsewhere)", row=1, col=1)
     fig.update_yaxes(title_text="predicted ms", row=1, col=2)
-    fig.update_layout(height=580, title_font_size=12, legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
-                      title=f"Predicted vs measured on the crossover sweep<br><sup>left: the call replayed from a "
-                            f"CUDA graph (no host work)<br>right: the eager call, event-timed<br>{caption}</sup>",
-                      margin=dict(t=170))  # four title lines above the panels' own titles
+    fig.update_layout(height=580 + 20 * caption.count("<br>"), title_font_size=12,
+                      legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
+                      title=dict(text=f"Predicted vs measured on the crossover sweep<br><sup>left: the call "
+                                      f"replayed from a CUDA graph (no host work)<br>right: the eager call, "
+                                      f"event-timed<br>{caption}</sup>",
+                                 # hung from the top: a title of more lines grows down, not into the panels
+                                 yref="container", y=1 - 24 / (580 + 20 * caption.count("<br>")), yanchor="top"),
+                      margin=dict(t=170 + 20 * caption.count("<br>")))  # 4+ title lines over the panels' titles
     fig.update_annotations(font_size=11)
     return tidy_log(fig)
 
@@ -217,9 +242,12 @@ def timing_ratio_figure(points: List[dict], caption: str = "") -> go.Figure:
         ys = [p["ratio"] for p in points if p["timing"] == t]
         fig.update_yaxes(type="log", title_text="predicted / measured", row=1, col=col,
                          range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
-    fig.update_layout(height=440, title_font_size=12, legend=dict(orientation="h", y=-0.25),
-                      title=f"Predicted / measured against N (band: +-25%)<br><sup>circles forward, squares "
-                            f"backward, diamonds decode<br>{caption}</sup>", margin=dict(t=120))
+    extra = 20 * caption.count("<br>")  # a caption of several lines: more room above, the same plot below
+    fig.update_layout(height=440 + extra, title_font_size=12, legend=dict(orientation="h", y=-0.25),
+                      title=dict(text=f"Predicted / measured against N (band: +-25%)<br><sup>circles forward, "
+                                      f"squares backward, diamonds decode<br>{caption}</sup>",
+                                 yref="container", y=1 - 24 / (440 + extra), yanchor="top"),  # grows down
+                      margin=dict(t=120 + extra))
     return tidy_log(fig)
 
 
@@ -332,7 +360,7 @@ def crossover_figure(doc: BenchFile, family: str, pass_: str, N: Optional[int] =
                       yaxis_title=f"speedup over {e['envelope']} cuDNN", legend=dict(font=dict(size=10)),
                       title=f"{e['pattern']} {pass_}{where}<br><sup>crossover: ours {_bfmt(e['ours_bracket'], v)}, "
                             f"FlexAttention {_bfmt(e['flex_bracket'], v)}<br>predicted (ours) "
-                            f"{_fmt(e['ours_predicted'])}; {doc.caption()}</sup>")
+                            f"{_fmt(e['ours_predicted'])}<br>{_part_caption(doc, pass_)}</sup>")
     fig.update_xaxes(range=[math.log10(min(x)) - 0.05, math.log10(max(x)) + 0.05])
     fig.update_yaxes(range=[math.log10(min(ys + [1.0]) / 1.3), math.log10(max(ys + [1.0]) * 1.3)])
     return tidy_log(fig)
@@ -361,7 +389,7 @@ def crossover_table(doc: BenchFile) -> Table:
     return Table(["family", "pass", "at", "varies", "ours (measured)", "FlexAttention (measured)",
                   "ours (predicted)"], rows,
                  caption=f"Crossover against cuDNN on the envelope: measured ones between the two grid points "
-                         f"around them (one median per point), the model's interpolated ({doc.caption()})")
+                         f"around them (one median per point), the model's interpolated ({run_caption(doc)})")
 
 
 # ---------------------------------------------------------------------------------------------------------
