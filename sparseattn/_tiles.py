@@ -279,31 +279,31 @@ def compiled_mask_for(mask_mod, grid: TileGrid, warn: bool = True):
 MASK_TILE_ROWS: Optional[int] = None
 
 
-def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells: bool, every=None,
+def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, cells: bool, whole_grid=None,
                        device=None):
-    """Run :mod:`sparseattn.kernels.mask_tiles` over the listed tiles, or, with ``every = (B, H, nq, nk)`` and
-    no list (``b``, ``h``, ``qi``, ``ki`` None, ``device`` given), over every tile of that grid in row-major
+    """Run :mod:`sparseattn.kernels.mask_tiles` over the listed tiles, or, with ``whole_grid = (B, H, nq, nk)``
+    and no list (``b``, ``h``, ``qi``, ``ki`` None, ``device`` given), over every tile of that grid in row-major
     order: ``(any [t], all [t], cells or None)``."""
     from .kernels import BACKEND
     from .kernels.mask_tiles import mask_tiles_kernel
-    if every is None:
+    if whole_grid is None:
         dev, t, n_heads, n_q, n_k = b.device, b.numel(), 1, 1, 1
         i32 = lambda x: x.to(torch.int32).contiguous()  # noqa: E731
         tiles = dict(TB=i32(b), TH=i32(h), TQ=i32(qi), TK=i32(ki))
     else:
-        (B, n_heads, n_q, n_k), dev = every, device
+        (B, n_heads, n_q, n_k), dev = whole_grid, device
         t = B * n_heads * n_q * n_k
         tiles = dict(TB=None, TH=None, TQ=None, TK=None)
     some = torch.empty(t, dtype=torch.int8, device=dev)
-    every_ = torch.empty_like(some)
+    every = torch.empty_like(some)
     out = torch.empty(t, bq, bk, dtype=torch.int8, device=dev) if cells else None
     if t:
         # the interpreter runs a whole tile per step (one numpy call per operation); a GPU a few rows a step
         rows = MASK_TILE_ROWS or (bq if BACKEND == "interpreter" else max(1, min(bq, 4096 // bk)))
-        mask_tiles_kernel[(t,)](**tiles, ANY=some, ALL=every_, CELLS=out, q_offset=q_offset, q_len=q_len,
+        mask_tiles_kernel[(t,)](**tiles, ANY=some, ALL=every, CELLS=out, q_offset=q_offset, q_len=q_len,
                                 kv_len=kv_len, n_heads=n_heads, n_q=n_q, n_k=n_k, **compiled.kernel_args(dev),
                                 BLOCK_Q=bq, BLOCK_K=bk, ROWS=rows, num_warps=4)
-    return some.bool(), every_.bool(), None if out is None else out.bool()
+    return some.bool(), every.bool(), None if out is None else out.bool()
 
 
 def eval_tiles_compiled(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk) -> torch.Tensor:
@@ -350,14 +350,14 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     shape = (grid.B, grid.H, grid.nq, grid.nk)
     if use_kernel is None:
         use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
-    every = listed is None and getattr(mask_mod, "tile_rule", None) is None  # no rule: no tile decided
+    no_rule = listed is None and getattr(mask_mod, "tile_rule", None) is None  # no tile decided by a rule
     least = TRACED_BOUNDS_MIN_TILES
-    if every and use_kernel and (least is None or grid.B * grid.H * grid.nq * grid.nk < least):
+    if no_rule and use_kernel and (least is None or grid.B * grid.H * grid.nq * grid.nk < least):
         compiled = compiled_mask_for(mask_mod, grid)
         if compiled is not None:  # every tile to the kernel, no list of them
             any_, all_, _ = _mask_tiles_launch(compiled, None, None, None, None, grid.q_start, grid.q_len,
                                                grid.kv_len, grid.block_q, grid.block_k, cells=False,
-                                               every=shape, device=grid.device)
+                                               whole_grid=shape, device=grid.device)
             full = all_.view(shape)
             return any_.view(shape) & ~full, full
     bounds = tile_rule_of(mask_mod)(grid)

@@ -410,7 +410,7 @@ def test_a_mask_without_a_rule_sends_every_tile_to_the_kernel_unlisted(monkeypat
     path's on a mask that depends on b and h (a wrong unravelling of t would move them)."""
     seen = []
     real = T._mask_tiles_launch
-    monkeypatch.setattr(T, "_mask_tiles_launch", lambda *a, **k: seen.append(k.get("every")) or real(*a, **k))
+    monkeypatch.setattr(T, "_mask_tiles_launch", lambda *a, **k: seen.append(k.get("whole_grid")) or real(*a, **k))
     mm = lambda b, h, q, k: (((q + 3 * h + 5 * b) // 16) % 3 == 0) | (k == q + b)  # noqa: E731
     grid = TileGrid(7, 100, 130, 32, 32, 2, 3, torch.device("cpu"))  # 2 x 3 x 4 x 5 tiles
     got = T.classify(mm, grid, None, use_kernel=True)

@@ -22,6 +22,7 @@ make every selection look equally poor). Speed does not depend on them; recall d
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Callable, Optional
 
 import torch
@@ -163,7 +164,6 @@ def paired_added_ms(base: Callable, step: Callable, errors: dict, rounds: int = 
     the size of what is measured here.
     ``{"base_ms", "step_ms", "added_ms", "share", "rounds", "spread"}`` (medians; ``share`` = added / step;
     ``spread``: the lowest and highest per-round difference), None with the reason in ``errors``."""
-    import statistics
     try:
         pairs = [(C.time_gpu(base), C.time_gpu(step)) for _ in range(rounds)]
     except Exception as e:  # noqa: BLE001

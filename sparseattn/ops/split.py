@@ -25,7 +25,9 @@ PLAIN = dict(TASKS=None, N_TASKS=None, WS_O=None, WS_LSE=None, ws_cap=0, n_bh=0,
 #: counter when it is free (zeroed per call, inside a captured graph too); False, dealt round-robin in
 #: advance. The dealt grid measured 9-67% slower than the plain grid in every balance case of 2026-11-30
 #: (perf notes, "Load balance"), the hardware scheduler handing each program to the SM that frees first;
-#: pulling does the same. Not measured on the GPU yet (``python -m sparseattn.bench balance``).
+#: pulling does the same. Measured on the H200 (``balance-h200.json`` 2026-12-01 12:31 against the dealt
+#: record ``checks/balance-dealt-h200.json``): 2-32% faster than dealing, still 5-22% slower than the split
+#: grid over the same plan, so ``FwdConfig.persistent`` stays off by default.
 PERSISTENT_PULL = True
 
 #: programs per SM of the persistent grid: enough that one program's long task is hidden behind others on

@@ -1,7 +1,8 @@
-"""Chapter 9, the roofline and the crossover: the measured ceilings, arithmetic intensity of prefill and
-decode work on the roofline, the model's predictions against the recorded ``crossover`` suite on device time
-and on eager time (scatter, ratio against N, accuracy per class, the run's host times), crossover curves per family and pass, where the model misses (launch tails, host time),
-where a profiled step's time went, and the kernel-free explorer of the model's terms."""
+"""Chapter 9, the roofline and the crossover: the measured ceilings, arithmetic intensity of prefill and decode work
+on the roofline, the model's predictions against the recorded ``crossover`` suite on device time and on eager
+time (scatter, ratio against N, accuracy per class, the run's host times), crossover curves per family and pass,
+where the model misses (launch tails, host time), where a profiled step's time went, and the kernel-free explorer
+of the model's terms."""
 from __future__ import annotations
 
 import math
@@ -19,9 +20,10 @@ from ..roofline.crossover import DECODE_SHAPE, PREFILL_SHAPE, bracket, describe_
 from . import COLORS, Table
 from ._axes import tidy_log
 
-__all__ = ["run_caption", "ceilings_table", "intensity_points", "roofline_figure", "TIMINGS", "sweep_points", "timing_scatter",
-           "timing_ratio_figure", "accuracy_table", "host_table", "length_brackets", "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure",
-           "profile_figure", "EXPLORER_FAMILIES", "explorer_layout", "terms_figure"]
+__all__ = ["run_caption", "ceilings_table", "intensity_points", "roofline_figure", "TIMINGS", "sweep_points",
+           "timing_scatter", "timing_ratio_figure", "accuracy_table", "host_table", "length_brackets",
+           "crossover_figure", "crossover_table", "worst_points", "tail_points", "tail_figure", "profile_figure",
+           "EXPLORER_FAMILIES", "explorer_layout", "terms_figure"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -172,6 +174,12 @@ def _part_caption(doc: BenchFile, part: str) -> str:
             f"torch {m.get('torch', doc.meta['torch'])}, triton {m.get('triton', doc.meta['triton'])}")
 
 
+def _hung_title(text: str, height: int) -> dict:
+    """A title hung from the top of a figure ``height`` px tall: more title lines grow down into the top
+    margin, not into the panels' own titles."""
+    return dict(text=text, yref="container", y=1 - 24 / height, yanchor="top")
+
+
 def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
     """Predicted against measured ms of :func:`sweep_points`, two panels: device time (left) and eager time
     (right); one colour per implementation, one marker per pass, y = x and the +-25% band; each panel's title
@@ -205,14 +213,13 @@ def timing_scatter(points: List[dict], caption: str = "") -> go.Figure:
         fig.update_yaxes(type="log", range=[math.log10(lo), math.log10(hi)], row=1, col=col)
     fig.update_yaxes(title_text="predicted ms (cost model, fitted elsewhere)", row=1, col=1)
     fig.update_yaxes(title_text="predicted ms", row=1, col=2)
-    fig.update_layout(height=580 + 20 * caption.count("<br>"), title_font_size=12,
+    extra = 20 * caption.count("<br>")  # a caption of several lines: more room above, the same plot below
+    fig.update_layout(height=580 + extra, title_font_size=12,
                       legend=dict(orientation="h", y=-0.22, font=dict(size=10)),
-                      title=dict(text=f"Predicted vs measured on the crossover sweep<br><sup>left: the call "
-                                      f"replayed from a CUDA graph (no host work)<br>right: the eager call, "
-                                      f"event-timed<br>{caption}</sup>",
-                                 # hung from the top: a title of more lines grows down, not into the panels
-                                 yref="container", y=1 - 24 / (580 + 20 * caption.count("<br>")), yanchor="top"),
-                      margin=dict(t=170 + 20 * caption.count("<br>")))  # 4+ title lines over the panels' titles
+                      title=_hung_title(f"Predicted vs measured on the crossover sweep<br><sup>left: the call "
+                                        f"replayed from a CUDA graph (no host work)<br>right: the eager call, "
+                                        f"event-timed<br>{caption}</sup>", 580 + extra),
+                      margin=dict(t=170 + extra))  # 4+ title lines over the panels' titles
     fig.update_annotations(font_size=11)
     return tidy_log(fig)
 
@@ -244,9 +251,9 @@ def timing_ratio_figure(points: List[dict], caption: str = "") -> go.Figure:
                          range=[math.log10(min(min(ys), 0.7) / 1.1), math.log10(max(max(ys), 1.3) * 1.1)])
     extra = 20 * caption.count("<br>")  # a caption of several lines: more room above, the same plot below
     fig.update_layout(height=440 + extra, title_font_size=12, legend=dict(orientation="h", y=-0.25),
-                      title=dict(text=f"Predicted / measured against N (band: +-25%)<br><sup>circles forward, "
-                                      f"squares backward, diamonds decode<br>{caption}</sup>",
-                                 yref="container", y=1 - 24 / (440 + extra), yanchor="top"),  # grows down
+                      title=_hung_title(f"Predicted / measured against N (band: +-25%)<br><sup>circles "
+                                        f"forward, squares backward, diamonds decode<br>{caption}</sup>",
+                                        440 + extra),
                       margin=dict(t=120 + extra))
     return tidy_log(fig)
 
