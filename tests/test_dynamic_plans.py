@@ -2,6 +2,7 @@
 one cached plan, every call reads its own layout's tables, forward and backward, against the fp64 reference
 on each layout's dense mask; the mask path decides ``BITS``; document predicates fall back to per-call
 arguments; the shape-only row order."""
+import pytest
 import torch
 
 import sparseattn as sa
@@ -146,21 +147,55 @@ def test_small_eager_calls_keep_pointer_loads():
     assert not L.too_small_for_tma("bwd", None, routed, gpu(1, heads_below + 1))
 
 
-def test_lead_first_dispatch_gives_the_same_bits(monkeypatch):
-    """``ops.backward.LEAD_FIRST`` (the one-launch backward's longest work items of every head first, on a 1-D
-    grid) changes only the order programs start in: the gradients are the same bits, with split columns,
-    GQA and a dynamic layout."""
+def test_every_dispatch_order_gives_the_same_bits(monkeypatch):
+    """``ops.backward.DISPATCH`` (the one-launch backward's program order: by estimated cost, split chunks
+    first, or head by head on a 2-D grid) changes only the order programs start in: the gradients are the
+    same bits, with split columns, GQA and a dynamic layout."""
     from sparseattn.ops import backward as B
     q, k, v, do, cfg, layouts = _gqa_split_case(4)
     for layout in layouts:
         got = {}
-        for lead in (False, True):
-            monkeypatch.setattr(B, "LEAD_FIRST", lead)
+        for order in ("head", "lead", "cost"):
+            monkeypatch.setattr(B, "DISPATCH", order)
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-            got[lead] = torch.autograd.grad(sa.sparse_attention(qg, kg, vg, layout, bwd_config=cfg), (qg, kg, vg), do)
-        assert all(torch.equal(a, b) for a, b in zip(got[False], got[True]))
-        for g, w in zip(got[True], _reference(q, k, v, layout, do)[1:]):
+            got[order] = torch.autograd.grad(sa.sparse_attention(qg, kg, vg, layout, bwd_config=cfg), (qg, kg, vg),
+                                             do)
+        assert all(torch.equal(a, b) for a, b in zip(got["head"], got["lead"]))
+        assert all(torch.equal(a, b) for a, b in zip(got["head"], got["cost"]))
+        for g, w in zip(got["cost"], _reference(q, k, v, layout, do)[1:]):
             assert ((g.double() - w).norm() / w.norm()).item() < 1e-4
+
+
+def test_the_cost_order_is_a_permutation_that_starts_the_longest_programs_first(monkeypatch):
+    """:func:`~sparseattn.ops.backward.dispatch_order` under ``"cost"``: every program of the 2-D grid once;
+    on a causal layout the first programs are every head's longest (the first key column's dK/dV item and the
+    last query row's dQ program) and costs never rise along the order; ``"lead"`` puts the split chunks of
+    every head first, item by item; ``"head"`` has no table; an unknown name is a ValueError naming it."""
+    from sparseattn.ops import backward as B
+    from sparseattn.ops.config import BwdConfig
+    H, N = 3, 1024
+    lay = sa.BlockLayout.from_mask_mod(sa.patterns.causal(), N, N, 64, 64)
+    cfg = BwdConfig(block_m=32, block_n=64, dq_block_m=64, dq_block_n=32, num_warps=4, num_stages=2, chunk=4)
+    plan = B.column_work(lay, cfg.block_n, cfg.chunk, H)
+    cost = B.program_costs(lay, plan, cfg, 1, H, H, 1)
+    per_head = plan.work.shape[0] + lay.nq
+    assert cost.shape == (H, per_head)
+    order = B.dispatch_order(lay, plan, cfg, 1, H, H, 1)
+    assert sorted(order.tolist()) == list(range(H * per_head))
+    flat = cost.flatten()[order.long()]
+    assert bool((flat[1:] <= flat[:-1]).all())
+    # the costs themselves: a dQ row of query tile i lists i + 1 tiles; a chunk lists at most 4
+    assert cost[0, plan.work.shape[0]:].tolist() == [i + 1 + B.PROGRAM_COST for i in range(lay.nq)]
+    assert cost[0, :plan.work.shape[0]].max().item() == pytest.approx(4 * B.DKDV_TILE_COST + B.PROGRAM_COST)
+    monkeypatch.setattr(B, "DISPATCH", "lead")
+    lead = B.dispatch_order(lay, plan, cfg, 1, H, H, 1).tolist()
+    n_lead = min(plan.n_ws, plan.work.shape[0])
+    assert n_lead > 0 and lead[:n_lead * H] == [(p % H) * per_head + p // H for p in range(n_lead * H)]
+    monkeypatch.setattr(B, "DISPATCH", "head")
+    assert B.dispatch_order(lay, plan, cfg, 1, H, H, 1) is None
+    monkeypatch.setattr(B, "DISPATCH", "longest")
+    with pytest.raises(ValueError, match="DISPATCH"):
+        B.dispatch_order(lay, plan, cfg, 1, H, H, 1)
 
 
 def test_a_routed_layout_builds_its_transposed_lists_only_when_the_backward_needs_them():

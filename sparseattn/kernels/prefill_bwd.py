@@ -359,7 +359,7 @@ def _dq_program(pid, bh, Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_
         tl.store(dq_ptrs + offs_d[None, :], (b_dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
 
 
-@triton.heuristics(PREFILL_FLAGS)
+@triton.heuristics({**PREFILL_FLAGS, "HAS_ORDER": lambda a: a["ORDER"] is not None})
 @triton.jit
 def bwd_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ, WS_K, WS_V, desc_q, desc_k, desc_v, desc_do,
@@ -371,12 +371,12 @@ def bwd_kernel(
     Q_COUNT, Q_INDEX, Q_SLOT, FULL_Q_COUNT, FULL_Q_INDEX, WORK, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX,
     BITS, DOC, stride_doc_b, ROW_SLOT,
     Hq, Hkv, group, LB, LH, lh_div, n_ktiles, WT, FWT, n_qtiles, W, FW,
-    Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws, n_items, n_dq_m, n_lead, n_bh,
+    Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws, n_items, n_dq_m, ORDER,
     band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
     HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr, LEAD_FIRST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr, HAS_ORDER: tl.constexpr,
 ):
     """Both passes of the deterministic backward in one launch (FlexAttention's layout of the work): on the
     grid ``(n_items + group * n_dq_m, batch * KV heads)``, the first ``n_items`` programs of a KV head are
@@ -386,18 +386,15 @@ def bwd_kernel(
     kernels launched apart; what one launch saves is the second launch's host work and the cross-stream
     fork and join that let dQ programs fill the dK/dV pass's tail.
 
-    ``LEAD_FIRST`` (a 1-D grid of ``n_bh * (n_items + group * n_dq_m)`` programs): the first ``n_lead`` work
-    items of every head go first, item by item across the heads, then each head's other programs as above --
-    so the long chunks of a split column start in the first wave instead of behind earlier heads' dQ rows."""
-    if LEAD_FIRST:
-        p = tl.program_id(0)
-        if p < n_lead * n_bh:
-            pid = p // n_bh
-            bh = p % n_bh
-        else:
-            per_head = n_items - n_lead + group * n_dq_m
-            bh = (p - n_lead * n_bh) // per_head
-            pid = n_lead + (p - n_lead * n_bh) % per_head
+    ``ORDER`` (a 1-D grid of ``batch * KV heads * (n_items + group * n_dq_m)`` programs): program ``p`` runs
+    the program ``ORDER[p] = bh * per_head + pid`` of the 2-D grid -- the host's dispatch order
+    (:func:`sparseattn.ops.backward.dispatch_order`: the most expensive programs of every head first), which
+    decides only when a program starts, not what it writes."""
+    per_head = n_items + group * n_dq_m
+    if HAS_ORDER:
+        code = tl.load(ORDER + tl.program_id(0))
+        bh = code // per_head
+        pid = code % per_head
     else:
         pid = tl.program_id(0)
         bh = tl.program_id(1)

@@ -148,7 +148,7 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     dq = torch.empty_like(q) if deterministic else None
     # everything but the per-call tensors, built once per (layout, shapes, strides, config, scale): at
     # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
-    key = ("bwd_args", cfg, deterministic, LEAD_FIRST, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(),
+    key = ("bwd_args", cfg, deterministic, DISPATCH, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(),
            k.stride(), v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(),
            None if dq is None else dq.stride(), scale)
     build = lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg)  # noqa: E731
@@ -202,13 +202,76 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     return dq, dk, dv
 
 
-#: The one-launch backward's dispatch order: True (default) the longest work items of every head first (as many
-#: as the plan has split-column chunks), item by item across the heads, then head by head, each KV head's other
-#: dK/dV work items then its dQ rows; False: head by head from the start. Same bits either way. Measured on the
-#: H200 (checks/bwd-dispatch-order-h200.json, CUDA graphs, H=16, D=128): sinks 64 + window 1024 backward
-#: 0.96 / 0.88 / 0.84 / 0.80x FlexAttention at N = 2k / 3k / 4k / 8k against 1.18 / 1.13 / 1.03 / 0.89x head
-#: by head; level at 1.5k and 32k and on a plain window (+-1%, no split columns there).
-LEAD_FIRST = True
+#: The one-launch backward's dispatch order (:func:`dispatch_order`; same bits in every order):
+#: ``"cost"`` (default) every program of every head sorted by its estimated cost, most expensive first (equal
+#: costs head by head); ``"lead"`` the split-column chunks of every head first, item by item across the heads,
+#: then head by head; ``"head"`` head by head (a 2-D grid, no order table). Measured on the H200
+#: (checks/bwd-dispatch-order-h200.json, CUDA graphs, H=16, D=128): "lead" against "head", sinks 64 + window
+#: 1024: 0.96 / 0.88 / 0.84 / 0.80x FlexAttention at N = 2k / 3k / 4k / 8k against 1.18 / 1.13 / 1.03 / 0.89x;
+#: level at 1.5k and 32k and on a plain window (+-1%, no split columns there).
+DISPATCH = "cost"
+
+#: :func:`program_costs`' units: one query x key tile pair of the dQ pass costs 1; the same pair in the dK/dV
+#: pass costs this much (four tile matmuls against three, and a slower rate: the H200 pass sweep,
+#: checks/backward-pass-sweep-2-h200.json, timed the two passes of the tuned config at 1.57-1.81x on five
+#: patterns); every program costs :data:`PROGRAM_COST` more for its prologue and epilogue (a guess of the
+#: order of one tile, not a fit).
+DKDV_TILE_COST = 1.7
+PROGRAM_COST = 1.0
+
+
+def program_costs(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int, Hq: int, Hkv: int,
+                  lh_div: int) -> torch.Tensor:
+    """float32 ``[B * Hkv, per_head]``: the estimated cost of each program of the one-launch backward's 2-D grid
+    (``per_head`` = the dK/dV work items, then the dQ rows of the KV head's GQA group): listed tile pairs a
+    program walks, weighted by :data:`DKDV_TILE_COST` for dK/dV items, plus :data:`PROGRAM_COST`. Per layout
+    head, from the layout's lists and the transposed ones; a dynamic layout's lists change at every call, so
+    it has no costs here (:func:`dispatch_order` orders it by shape)."""
+    dev = layout.device
+    group = Hq // Hkv
+    hq = torch.arange(Hkv, device=dev)[:, None] * group + torch.arange(group, device=dev)  # [Hkv, group]
+    lh = (hq // lh_div) % layout.H
+    lb = torch.arange(B, device=dev) % layout.B
+    t = layout.transposed_lists()
+    col = (t.q_count + t.full_q_count)[lb][:, lh]  # [B, Hkv, group, nk] listed query tiles per key tile
+    work = plan.work.long()
+    sub = layout.block_k // cfg.block_n  # kernel key sub-tiles per layout key tile
+    in_chunk = (col[..., work[:, 0] // sub] - work[:, 1] * plan.chunk).clamp(0, plan.chunk)  # [B, Hkv, g, items]
+    dkdv = DKDV_TILE_COST * in_chunk.sum(2).float() / sub  # [B, Hkv, items]
+    row = (layout.kv_count + layout.full_count)[lb][:, lh]  # [B, Hkv, group, nq] listed key tiles per query tile
+    n_dq_m = math.ceil(layout.q_len / cfg.dq_block_m)
+    qi = torch.arange(n_dq_m, device=dev) * cfg.dq_block_m // layout.block_q
+    dq = row[..., qi].float() * (cfg.dq_block_m / layout.block_q)  # [B, Hkv, group, n_dq_m]
+    return torch.cat([dkdv, dq.flatten(2)], 2).flatten(0, 1) + PROGRAM_COST
+
+
+def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int, Hq: int, Hkv: int,
+                   lh_div: int) -> Optional[torch.Tensor]:
+    """The one-launch backward's ``ORDER`` table (int32, program ``p`` of the 1-D grid runs ``bh * per_head +
+    pid`` of the 2-D one), or None for :data:`DISPATCH` ``"head"``. Built once per layout plan, on the device.
+
+    Why an order: one program per work item, one 8-warp program per SM, and the GPU starts programs in grid
+    order as SMs free up. Head by head, the last head's longest programs (a causal mask's last dQ rows, a
+    sink column's chunks) start last and run alone at the end; at N = 2k-4k (8-30 programs per SM) that tail
+    is a large share of the launch. Sorting every program by cost, most expensive first, is the classic
+    longest-processing-time list schedule; equal costs stay head by head (a head's programs share its Q, K,
+    V and dO in L2). A dynamic layout's costs are unknown on the host; it gets the "lead" order."""
+    n_items = plan.work.shape[0]
+    per_head = n_items + (Hq // Hkv) * math.ceil(layout.q_len / cfg.dq_block_m)
+    n_bh = B * Hkv
+    if DISPATCH == "head":
+        return None
+    code = torch.arange(n_bh * per_head, device=layout.device)  # bh * per_head + pid: head by head
+    if DISPATCH == "lead" or layout.dynamic:
+        pid, bh = code % per_head, code // per_head
+        n_lead = min(plan.n_ws, n_items)
+        rank = torch.where(pid < n_lead, pid * n_bh + bh, code + n_lead * n_bh)
+        return code[torch.argsort(rank)].to(torch.int32)
+    if DISPATCH != "cost":
+        raise ValueError(f"ops.backward.DISPATCH must be 'cost', 'lead' or 'head', got {DISPATCH!r}")
+    cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
+    return torch.argsort(cost, descending=True, stable=True).to(torch.int32)
+
 
 #: The atomic path's dQ accumulation when the pass loads through tensor descriptors: True, each tile's float32
 #: dQ goes to the accumulator as one bulk reduce-add by the copy engine (a descriptor of the accumulator,
@@ -296,11 +359,11 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
     if dq is not None and one_launch(cfg, deterministic):
         n_dq_m = math.ceil(Lq / cfg.dq_block_m)
         n_items = plan.work.shape[0]
+        order = dispatch_order(layout, plan, cfg, B, Hq, Hkv, heads["lh_div"])
         fused = L.Static({**dq_kw, **dkdv, **L.strides("dq", dq, "m"), "DQ_BLOCK_M": cfg.dq_block_m,
-                          "DQ_BLOCK_N": cfg.dq_block_n, "n_items": n_items, "n_dq_m": n_dq_m,
-                          "n_lead": min(plan.n_ws, n_items), "n_bh": B * Hkv, "LEAD_FIRST": LEAD_FIRST})
+                          "DQ_BLOCK_N": cfg.dq_block_n, "n_items": n_items, "n_dq_m": n_dq_m, "ORDER": order})
         per_head = n_items + heads["group"] * n_dq_m
-        fused_grid = (B * Hkv * per_head,) if LEAD_FIRST else (per_head, B * Hkv)
+        fused_grid = (per_head, B * Hkv) if order is None else (order.numel(),)
     delta_m = 64
     tma = L.tma_allowed(cfg.tma, q.device, in_interpreter=False)  # the interpreter keeps pointers unless asked
     return dict(plan=plan, tma=tma, small=L.too_small_for_tma("bwd", cfg.tma, layout, q), dkdv=dkdv,

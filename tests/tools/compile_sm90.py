@@ -181,15 +181,14 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
                      WS_V=F32, Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32,
                      KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32, FULL_INDEX=I32, **extra)
         shapes = dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, DQ_BLOCK_M=128, DQ_BLOCK_N=64)
-        for lead_first in (False, True):  # the two dispatch orders (ops.backward.LEAD_FIRST)
-            yield prefill_bwd.bwd_kernel, fused, ("scale", "scale_log2"), dict(
-                **shapes, **mask, **NO_DESC, dq_desc_q=None, dq_desc_k=None, dq_desc_v=None, dq_desc_do=None,
-                LEAD_FIRST=lead_first), BWD_OPTIONS
-        shapes["LEAD_FIRST"] = False
+        for ordered in (False, True):  # a 2-D grid, or a 1-D grid through an ORDER table (ops.backward.DISPATCH)
+            yield prefill_bwd.bwd_kernel, {**fused, **({"ORDER": I32} if ordered else {})}, ("scale", "scale_log2"), \
+                dict(**shapes, **mask, **NO_DESC, dq_desc_q=None, dq_desc_k=None, dq_desc_v=None, dq_desc_do=None,
+                     **({} if ordered else {"ORDER": None})), BWD_OPTIONS
         if tma:
             dq_descs = {"dq_" + n: t for n, t in descriptors(128, 64).items()}
-            yield prefill_bwd.bwd_kernel, {**fused, **descriptors(64, 128), **dq_descs}, ("scale", "scale_log2"), \
-                dict(**shapes, **mask), BWD_OPTIONS
+            yield prefill_bwd.bwd_kernel, {**fused, **descriptors(64, 128), **dq_descs, "ORDER": I32}, \
+                ("scale", "scale_log2"), dict(**shapes, **mask), BWD_OPTIONS
     if backward and split:  # the split dQ pass (BwdConfig.dq_split): tasks of balance.plan, float32 partial dQ
         yield prefill_bwd.dq_kernel, {**dq, "TASKS": I32, "N_TASKS": I32, "WS_DQ": F32}, ("scale", "scale_log2"), \
             dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask, **NO_DESC), BWD_OPTIONS
