@@ -149,28 +149,29 @@ def test_small_eager_calls_keep_pointer_loads():
 
 def test_every_dispatch_order_gives_the_same_bits(monkeypatch):
     """``ops.backward.DISPATCH`` (the one-launch backward's program order: by estimated cost, split chunks
-    first, or head by head on a 2-D grid) changes only the order programs start in: the gradients are the
-    same bits, with split columns, GQA and a dynamic layout."""
+    first, head by head on a 2-D grid, or the "auto" choice among them) changes only the order programs start
+    in: the gradients are the same bits, with split columns, GQA and a dynamic layout."""
     from sparseattn.ops import backward as B
     q, k, v, do, cfg, layouts = _gqa_split_case(4)
     for layout in layouts:
         got = {}
-        for order in ("head", "lead", "cost"):
+        for order in ("head", "lead", "cost", "auto"):
             monkeypatch.setattr(B, "DISPATCH", order)
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
             got[order] = torch.autograd.grad(sa.sparse_attention(qg, kg, vg, layout, bwd_config=cfg), (qg, kg, vg),
                                              do)
-        assert all(torch.equal(a, b) for a, b in zip(got["head"], got["lead"]))
-        assert all(torch.equal(a, b) for a, b in zip(got["head"], got["cost"]))
+        for order in ("lead", "cost", "auto"):
+            assert all(torch.equal(a, b) for a, b in zip(got["head"], got[order])), order
         for g, w in zip(got["cost"], _reference(q, k, v, layout, do)[1:]):
             assert ((g.double() - w).norm() / w.norm()).item() < 1e-4
 
 
 def test_the_cost_order_is_a_permutation_that_starts_the_longest_programs_first(monkeypatch):
-    """:func:`~sparseattn.ops.backward.dispatch_order` under ``"cost"``: every program of the 2-D grid once;
-    on a causal layout the first programs are every head's longest (the first key column's dK/dV item and the
-    last query row's dQ program) and costs never rise along the order; ``"lead"`` puts the split chunks of
-    every head first, item by item; ``"head"`` has no table; an unknown name is a ValueError naming it."""
+    """:func:`~sparseattn.ops.backward.dispatch_order`: under ``"cost"`` every program of the 2-D grid once,
+    costs never rising along the order (a dQ row of query tile i lists i + 1 tiles; a chunk at most 4);
+    ``"lead"`` puts the split chunks of every head first, item by item; ``"head"`` has no table; ``"auto"``
+    sorts by cost while the heads' inputs fit the L2 (``L2_SHARE``), else takes "lead" when columns are
+    split and "head" when none is; an unknown name is a ValueError naming it."""
     from sparseattn.ops import backward as B
     from sparseattn.ops.config import BwdConfig
     H, N = 3, 1024
@@ -180,22 +181,29 @@ def test_the_cost_order_is_a_permutation_that_starts_the_longest_programs_first(
     cost = B.program_costs(lay, plan, cfg, 1, H, H, 1)
     per_head = plan.work.shape[0] + lay.nq
     assert cost.shape == (H, per_head)
-    order = B.dispatch_order(lay, plan, cfg, 1, H, H, 1)
-    assert sorted(order.tolist()) == list(range(H * per_head))
-    flat = cost.flatten()[order.long()]
-    assert bool((flat[1:] <= flat[:-1]).all())
-    # the costs themselves: a dQ row of query tile i lists i + 1 tiles; a chunk lists at most 4
     assert cost[0, plan.work.shape[0]:].tolist() == [i + 1 + B.PROGRAM_COST for i in range(lay.nq)]
     assert cost[0, :plan.work.shape[0]].max().item() == pytest.approx(4 * B.DKDV_TILE_COST + B.PROGRAM_COST)
-    monkeypatch.setattr(B, "DISPATCH", "lead")
-    lead = B.dispatch_order(lay, plan, cfg, 1, H, H, 1).tolist()
+
+    def order(how, nbytes=0, p=plan):
+        monkeypatch.setattr(B, "DISPATCH", how)
+        return B.dispatch_order(lay, p, cfg, 1, H, H, 1, nbytes)
+
+    by_cost = order("cost")
+    assert sorted(by_cost.tolist()) == list(range(H * per_head))
+    flat = cost.flatten()[by_cost.long()]
+    assert bool((flat[1:] <= flat[:-1]).all())
+    lead = order("lead").tolist()
     n_lead = min(plan.n_ws, plan.work.shape[0])
     assert n_lead > 0 and lead[:n_lead * H] == [(p % H) * per_head + p // H for p in range(n_lead * H)]
-    monkeypatch.setattr(B, "DISPATCH", "head")
-    assert B.dispatch_order(lay, plan, cfg, 1, H, H, 1) is None
-    monkeypatch.setattr(B, "DISPATCH", "longest")
+    assert sorted(lead) == list(range(H * per_head))
+    assert order("head") is None
+    l2 = B.L2_SHARE * L.l2_bytes(lay.device)
+    assert torch.equal(order("auto", int(l2)), by_cost)
+    assert order("auto", int(l2) + 1).tolist() == lead
+    whole = B.column_work(lay, cfg.block_n, 10**6, H)  # no column split
+    assert whole.n_ws == 0 and order("auto", int(l2) + 1, whole) is None
     with pytest.raises(ValueError, match="DISPATCH"):
-        B.dispatch_order(lay, plan, cfg, 1, H, H, 1)
+        order("longest")
 
 
 def test_a_routed_layout_builds_its_transposed_lists_only_when_the_backward_needs_them():

@@ -76,6 +76,16 @@ def num_sms(device: torch.device) -> int:
     return CPU_SM_COUNT
 
 
+CPU_L2_BYTES = 50 * 2**20  #: the L2 size assumed off a GPU (the interpreter) or when torch cannot tell: an H200's
+
+
+def l2_bytes(device: torch.device) -> int:
+    """The GPU's L2 cache in bytes (:data:`CPU_L2_BYTES` off a GPU)."""
+    if device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or CPU_L2_BYTES
+    return CPU_L2_BYTES
+
+
 # ---- mask path: in-register predicate, compiled mask_mod, or per-tile bits -------------------------------------
 class MaskPath(NamedTuple):
     """How the kernels mask a layout's partial tiles: at most one of the three is set (none: no partial

@@ -148,8 +148,8 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     dq = torch.empty_like(q) if deterministic else None
     # everything but the per-call tensors, built once per (layout, shapes, strides, config, scale): at
     # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
-    key = ("bwd_args", cfg, deterministic, DISPATCH, L.forced_kind(), q.dtype, q.shape, k.shape, q.stride(),
-           k.stride(), v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(),
+    key = ("bwd_args", cfg, deterministic, DISPATCH, L2_SHARE, L.forced_kind(), q.dtype, q.shape, k.shape,
+           q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(),
            None if dq is None else dq.stride(), scale)
     build = lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg)  # noqa: E731
     st, per_call = (layout.plan(key, build), {}) if not layout.dynamic else \
@@ -202,14 +202,26 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     return dq, dk, dv
 
 
-#: The one-launch backward's dispatch order (:func:`dispatch_order`; same bits in every order):
-#: ``"cost"`` (default) every program of every head sorted by its estimated cost, most expensive first (equal
-#: costs head by head); ``"lead"`` the split-column chunks of every head first, item by item across the heads,
-#: then head by head; ``"head"`` head by head (a 2-D grid, no order table). Measured on the H200
-#: (checks/bwd-dispatch-order-h200.json, CUDA graphs, H=16, D=128): "lead" against "head", sinks 64 + window
-#: 1024: 0.96 / 0.88 / 0.84 / 0.80x FlexAttention at N = 2k / 3k / 4k / 8k against 1.18 / 1.13 / 1.03 / 0.89x;
-#: level at 1.5k and 32k and on a plain window (+-1%, no split columns there).
-DISPATCH = "cost"
+#: The one-launch backward's dispatch order (:func:`dispatch_order`; same bits in every order): ``"cost"``
+#: every program of every head sorted by its estimated cost, most expensive first (equal costs head by head);
+#: ``"lead"`` the split-column chunks of every head first, item by item across the heads, then head by head;
+#: ``"head"`` head by head (a 2-D grid, no order table); ``"auto"`` (default) "cost" when every head's Q, K, V
+#: and dO fit in :data:`L2_SHARE` of the L2 cache together, else "lead" when the dK/dV plan splits columns,
+#: else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json: CUDA graphs, H=16, D=128, the
+#: median of three interleaved rounds; ours / FlexAttention, head | lead | cost): window 2048 at N = 2k 1.04 |
+#: 1.04 | 0.85, 4k 1.01 | 1.02 | 0.99, 8k 1.01 | 1.02 | 1.03; causal 2k 1.03 | 1.04 | 0.85, 32k 1.01 | 1.04 |
+#: 1.12; sinks 64 + window 1024 at 4k 1.02 | 0.83 | 0.83; eight documents at 4k 1.03 | 1.04 | 1.11; window
+#: 1024 at 32k 1.01 | 1.03 | 1.04. Sorting across heads interleaves every head's programs, so a head's tiles
+#: leave L2 between their readers once the heads' inputs exceed it; a 1-D grid through the table also costs
+#: ~1.5% against the 2-D grid on long launches (a dependent load before each program's work). Sorting
+#: within groups of heads that fit L2 together was tried and measured worse than head by head at N = 2k
+#: (1.14x Flex: the last group's longest programs start last).
+DISPATCH = "auto"
+
+#: "auto" sorts by cost when the inputs of every head take at most this share of the L2 cache (H200, 50 MiB:
+#: 16 heads of D = 128 up to N = 3k; the first A/B, checks/bwd-dispatch-cost-1-h200.json, measured the cost
+#: order 7% ahead of head by head on window 2048 at N = 3k, 48 MiB of inputs)
+L2_SHARE = 1.0
 
 #: :func:`program_costs`' units: one query x key tile pair of the dQ pass costs 1; the same pair in the dK/dV
 #: pass costs this much (four tile matmuls against three, and a slower rate: the H200 pass sweep,
@@ -246,29 +258,35 @@ def program_costs(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int,
 
 
 def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int, Hq: int, Hkv: int,
-                   lh_div: int) -> Optional[torch.Tensor]:
+                   lh_div: int, input_bytes: int = 0) -> Optional[torch.Tensor]:
     """The one-launch backward's ``ORDER`` table (int32, program ``p`` of the 1-D grid runs ``bh * per_head +
-    pid`` of the 2-D one), or None for :data:`DISPATCH` ``"head"``. Built once per layout plan, on the device.
+    pid`` of the 2-D one), or None for head by head (:data:`DISPATCH`). Built once per layout plan, on the
+    device. ``input_bytes``: every head's Q, K, V and dO together ("auto" sorts by cost when they fit L2).
 
     Why an order: one program per work item, one 8-warp program per SM, and the GPU starts programs in grid
     order as SMs free up. Head by head, the last head's longest programs (a causal mask's last dQ rows, a
     sink column's chunks) start last and run alone at the end; at N = 2k-4k (8-30 programs per SM) that tail
-    is a large share of the launch. Sorting every program by cost, most expensive first, is the classic
-    longest-processing-time list schedule; equal costs stay head by head (a head's programs share its Q, K,
-    V and dO in L2). A dynamic layout's costs are unknown on the host; it gets the "lead" order."""
+    is a large share of the launch. Sorting programs by cost, most expensive first, is the classic
+    longest-processing-time list schedule. A dynamic layout's costs are unknown on the host; it gets the
+    "lead" order."""
     n_items = plan.work.shape[0]
     per_head = n_items + (Hq // Hkv) * math.ceil(layout.q_len / cfg.dq_block_m)
     n_bh = B * Hkv
-    if DISPATCH == "head":
+    if DISPATCH not in ("auto", "cost", "lead", "head"):
+        raise ValueError(f"ops.backward.DISPATCH must be 'auto', 'cost', 'lead' or 'head', got {DISPATCH!r}")
+    how = DISPATCH
+    if how == "auto":
+        how = "cost" if input_bytes <= L2_SHARE * L.l2_bytes(layout.device) else "lead" if plan.n_ws else "head"
+    if how == "cost" and layout.dynamic:
+        how = "lead"
+    if how == "head":
         return None
     code = torch.arange(n_bh * per_head, device=layout.device)  # bh * per_head + pid: head by head
-    if DISPATCH == "lead" or layout.dynamic:
+    if how == "lead":
         pid, bh = code % per_head, code // per_head
         n_lead = min(plan.n_ws, n_items)
         rank = torch.where(pid < n_lead, pid * n_bh + bh, code + n_lead * n_bh)
         return code[torch.argsort(rank)].to(torch.int32)
-    if DISPATCH != "cost":
-        raise ValueError(f"ops.backward.DISPATCH must be 'cost', 'lead' or 'head', got {DISPATCH!r}")
     cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
     return torch.argsort(cost, descending=True, stable=True).to(torch.int32)
 
@@ -359,7 +377,8 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
     if dq is not None and one_launch(cfg, deterministic):
         n_dq_m = math.ceil(Lq / cfg.dq_block_m)
         n_items = plan.work.shape[0]
-        order = dispatch_order(layout, plan, cfg, B, Hq, Hkv, heads["lh_div"])
+        inputs = B * (2 * Hq + 2 * Hkv) * Lq * D * q.element_size()  # Q, dO, K, V
+        order = dispatch_order(layout, plan, cfg, B, Hq, Hkv, heads["lh_div"], inputs)
         fused = L.Static({**dq_kw, **dkdv, **L.strides("dq", dq, "m"), "DQ_BLOCK_M": cfg.dq_block_m,
                           "DQ_BLOCK_N": cfg.dq_block_n, "n_items": n_items, "n_dq_m": n_dq_m, "ORDER": order})
         per_head = n_items + heads["group"] * n_dq_m

@@ -85,14 +85,14 @@ Predicted / measured on the evaluation points::
     decode, eager (ours)                  16    0.98   0.63   1.30      62%
     decode (cuDNN)                         7    0.97   0.97   0.98     100%
     layout build + transpose              14    1.16   0.67   1.79      36%
-    crossover sweep: ours, device        120    1.03   0.94   1.11      98%
-    crossover sweep: Flex, cuDNN, device 120    0.95   0.79   1.08      96%
-    crossover sweep: ours, eager         101    1.04   0.89   2.26      72%
-    crossover sweep: Flex, cuDNN, eager  111    0.98   0.86   1.69      80%
-    all kernel models (no eager decode)  498    1.01   0.86   1.26      87%
-    crossover sweep: device (all)        240    0.99   0.86   1.10      97%
-    crossover sweep: eager (all)         212    1.03   0.86   1.98      76%
-    crossover sweep (all)                452    1.01   0.86   1.26      87%
+    crossover sweep: ours, device        120    1.03   0.96   1.11      96%
+    crossover sweep: Flex, cuDNN, device 119    0.95   0.79   1.08      96%
+    crossover sweep: ours, eager         101    1.04   0.92   2.26      75%
+    crossover sweep: Flex, cuDNN, eager  110    0.99   0.86   1.70      80%
+    all kernel models (no eager decode)  496    1.01   0.87   1.28      87%
+    crossover sweep: device (all)        239    1.00   0.87   1.10      96%
+    crossover sweep: eager (all)         211    1.03   0.87   1.99      78%
+    crossover sweep (all)                450    1.01   0.87   1.28      87%
 
 Outside +-25%::
 
@@ -120,7 +120,7 @@ Outside +-25%::
     sparseattn transpose block_random10% N=131072         1.35
     sparseattn decode keep0.02 N=65536 B=4 ps=16 graph (crossover)  1.39
     sparseattn decode keep0.02 N=16384 B=16 ps=16 graph (crossover)  1.28
-    cudnn bwd causal N=1024 (crossover)                   1.42
+    cudnn fwd causal N=1024 (crossover)                   3.57
     ... and 54 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
