@@ -519,9 +519,11 @@ def test_docstring_failure_notes_follow_the_data():
            f"{round(100 * abs(graph['ratio'] - 1))}%" in R.__doc__
     _, r = at[("sparseattn", "fwd", "sinks64+window1024", 1024)]
     assert f"N = 1k took {r['ms']:.3f} ms eager against {r['device_ms']:.3f} ms on the" in R.__doc__
-    bwd = [at[("sparseattn", "bwd", "window2048", n)][1]["ms"] for n in (1024, 1536, 2048, 3072, 4096, 6144)]
-    assert f"N = 1k-6k ({min(bwd):.2f}-{max(bwd):.2f} ms) do not grow with N" in R.__doc__
-    assert sorted(bwd) != bwd
+    bwd = [at[("sparseattn", "bwd", "window2048", n)][1] for n in (1024, 1536, 2048)]
+    eager = [r["ms"] for r in bwd]
+    over = [r["ms"] / r["device_ms"] for r in bwd]
+    assert f"N = 1k-2k ({min(eager):.2f}-{max(eager):.2f} ms) are {min(over):.1f}-{max(over):.1f}x its device times" \
+        in R.__doc__
     keep = rows("decode_keep-h200.json")
     low = [r["ms"] * 1e3 for r in keep if r["pass"] == "decode (CUDA graph)" and r["case"]["B"] == 1
            and r["case"].get("keep", 1) <= 0.05]

@@ -129,12 +129,12 @@ Why those fail:
   ``window1024`` (0.13 ms) with 9% more tiles, while FlexAttention ran the same layout in 0.13 ms; nothing
   in the counts separates the two, so the model (0.17 ms) misses it. The crossover sweep re-measured the
   layout: 0.12 ms (CUDA graph), predicted within 3%.
-* the sweep's eager points at N < 8k: the host sets the time there, and the host's speed is not steady
-  within one run -- our sinks + window forward at N = 1k took 0.047 ms eager against 0.031 ms on the
-  device, and our window backward's eager times at N = 1k-6k (0.14-0.70 ms) do not grow with N (N = 1k
-  took longer than 1.5k and 2k). The part's measured host time prices them all alike (the forward part's,
-  measured once at its start, read twice the previous part's and more than cuDNN's whole eager 1k call); the
-  graph replays of the same calls follow the model.
+* the sweep's eager points at N < 8k: the host sets the time there -- our sinks + window forward at
+  N = 1k took 0.047 ms eager against 0.031 ms on the device, and our window backward's eager times at
+  N = 1k-2k (0.16-0.29 ms) are 1.9-2.6x its device times there -- and the host's speed is not steady within
+  one run, while the part's measured host time prices them all alike (the forward part's, measured once at
+  its start, read twice the previous part's and more than cuDNN's whole eager 1k call); the graph replays
+  of the same calls follow the model.
 * decode at batch 1 with 1-5% of the pages kept (CUDA graph): 14-22 us. The fixed cost per replay (22 us)
   was fitted at batch 8 and 32, where it cannot be told apart from the cost per wave of programs, so batch 1
   is over-predicted. A measured launch latency (``Ceilings.launch_us``) would pin it.
