@@ -94,8 +94,8 @@ def _gqa_split_case(seed):
 
 def test_one_launch_backward_is_bitwise_the_two_launch_backward():
     """``BwdConfig.overlap`` runs the dK/dV and dQ programs in one launch (``bwd_kernel``); the gradients are
-    the bits of the two kernels launched apart, for GQA, split columns, a dynamic layout and tensor
-    descriptors, and match the fp64 reference."""
+    the bits of the two kernels launched apart, for GQA, split columns, a dynamic layout, tensor descriptors and
+    a dQ pipeline depth other than the dK/dV pass's, and match the fp64 reference."""
     from dataclasses import replace
     q, k, v, do, cfg, layouts = _gqa_split_case(3)
     launched = []
@@ -107,7 +107,8 @@ def test_one_launch_backward_is_bitwise_the_two_launch_backward():
     L.launch = recording
     try:
         for layout in layouts:
-            for c in (cfg, replace(cfg, tma=True)):
+            # a dQ pipeline depth of its own stays in the one launch (each kind of program its own loop depth)
+            for c in (cfg, replace(cfg, tma=True), replace(cfg, dq_num_stages=cfg.num_stages + 1)):
                 got = {}
                 for overlap in (True, False):
                     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))

@@ -42,12 +42,14 @@ def _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, l
                 HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
                 HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr, DQ_TMA: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr, DQ_TMA: tl.constexpr,
+                STAGES: tl.constexpr):
     """Accumulate dK, dV ``[BN, D]`` of one key sub-tile over the query tiles at positions ``[lo, hi)`` of its
     column list ``COL_INDEX[col]``. Tiles are handled transposed (``[BN keys, BM queries]``) so dK and dV
-    come out of the dots without a transpose."""
+    come out of the dots without a transpose. ``STAGES``: the loop's software-pipeline depth (None: the
+    launch's ``num_stages``)."""
     SUB_M: tl.constexpr = BLOCK_Q // BLOCK_M
-    for it in range(lo * SUB_M, hi * SUB_M):
+    for it in tl.range(lo * SUB_M, hi * SUB_M, num_stages=STAGES):
         pos = it // SUB_M
         qi = tl.load(COL_INDEX + col * col_width + pos)
         m_start = qi * BLOCK_Q + (it % SUB_M) * BLOCK_M
@@ -122,7 +124,7 @@ def dkdv_kernel(
         Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
         band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
         HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N,
-        USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA)
+        USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA, None)
 
 
 @triton.jit
@@ -139,7 +141,7 @@ def _dkdv_program(w, bh, Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, de
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr,
-    DQ_TMA: tl.constexpr,
+    DQ_TMA: tl.constexpr, STAGES: tl.constexpr,
 ):
     """dK and dV of work item ``w`` (a key sub-tile and a chunk of its column) for batch * KV head ``bh``."""
     # ---- work item: key sub-tile, which chunk of its column, where the result goes --------------------------
@@ -188,7 +190,7 @@ def _dkdv_program(w, bh, Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, de
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, True, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA, STAGES)
         b_dk, b_dv = _dkdv_tiles(b_dk, b_dv, b_k, b_v, desc_q, desc_do, b, hq, q_base, do_base, lse_base,
                                  delta_base, dq_base,
                                  stride_qm, stride_dom, stride_dqm, FULL_Q_INDEX, Q_SLOT, col, FWT,
@@ -197,7 +199,7 @@ def _dkdv_program(w, bh, Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, WS_K, WS_V, de
                                  Lq, q_offset, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
                                  lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                                  HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, False, USE_BITS, HAS_SINKS,
-                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA)
+                                 HAS_DOC, HAS_ROW_SLOT, ATOMIC_DQ, DOT_PRECISION, USE_FN, USE_TMA, DQ_TMA, STAGES)
 
     b_dk = b_dk * scale
     if ws_slot < 0:
@@ -221,12 +223,13 @@ def _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, desc_k, desc_v, b, hkv, k_base, v
               HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
               HAS_ROW_SLOT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr,
-              USE_TMA: tl.constexpr):
+              USE_TMA: tl.constexpr, STAGES: tl.constexpr):
     """Accumulate dQ ``[BM, D]`` over the key tiles listed at positions ``[lo, hi)`` of ``INDEX[row]``, clipped
-    to the ``COUNT[row]`` tiles this head lists (a split task's range follows the longest head)."""
+    to the ``COUNT[row]`` tiles this head lists (a split task's range follows the longest head). ``STAGES`` as
+    for :func:`_dkdv_tiles`."""
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
     n_tiles = tl.minimum(tl.load(COUNT + row), hi)
-    for it in range(lo * SUB, n_tiles * SUB):
+    for it in tl.range(lo * SUB, n_tiles * SUB, num_stages=STAGES):
         slot = it // SUB
         kb = tl.load(INDEX + row * width + slot)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
@@ -278,7 +281,7 @@ def dq_kernel(
         Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale, scale_log2,
         band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
         HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N,
-        USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, DOT_PRECISION, USE_FN, SPLIT, USE_TMA)
+        USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, DOT_PRECISION, USE_FN, SPLIT, USE_TMA, None)
 
 
 @triton.jit
@@ -293,6 +296,7 @@ def _dq_program(pid, bh, Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """dQ of query sub-tile (or split task) ``pid`` for batch * query head ``bh``."""
     if SPLIT:  # a task of sparseattn.balance.plan: (sub-tile, first slot, end slot, workspace slot)
@@ -338,7 +342,7 @@ def _dq_program(pid, bh, Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, True, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
-                     DOT_PRECISION, USE_FN, USE_TMA)
+                     DOT_PRECISION, USE_FN, USE_TMA, STAGES)
     b_dq = _dq_tiles(b_dq, b_q, b_do, b_lse, b_delta, desc_k, desc_v, b, hkv, k_base, v_base, stride_kn, stride_vn,
                      FULL_COUNT, FULL_INDEX,
                      row, FW, tl.maximum(slot_lo - kv_n, 0), slot_hi - kv_n, offs_m_abs, row_in_tile, doc_q,
@@ -346,7 +350,7 @@ def _dq_program(pid, bh, Q, K, V, DO, LSE, DELTA, DQ, TASKS, N_TASKS, WS_DQ, ws_
                      band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows,
                      lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                      HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_N, False, USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT,
-                     DOT_PRECISION, USE_FN, USE_TMA)
+                     DOT_PRECISION, USE_FN, USE_TMA, STAGES)
 
     dq_ptrs = DQ + b.to(tl.int64) * stride_dqb + hq.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqm
     if SPLIT:
@@ -377,6 +381,7 @@ def bwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_BLOCK_M: tl.constexpr, DQ_BLOCK_N: tl.constexpr,
     USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr, USE_TMA: tl.constexpr, HAS_ORDER: tl.constexpr,
+    DKDV_STAGES: tl.constexpr, DQ_STAGES: tl.constexpr,
 ):
     """Both passes of the deterministic backward in one launch (FlexAttention's layout of the work): on the
     grid ``(n_items + group * n_dq_m, batch * KV heads)``, the first ``n_items`` programs of a KV head are
@@ -384,7 +389,8 @@ def bwd_kernel(
     its GQA group's query heads (:func:`_dq_program`, tiles ``DQ_BLOCK_M x DQ_BLOCK_N``, with their own
     tensor descriptors ``dq_desc_*``). The two kinds share no output, so the result is bitwise that of the two
     kernels launched apart; what one launch saves is the second launch's host work and the cross-stream
-    fork and join that let dQ programs fill the dK/dV pass's tail.
+    fork and join that let dQ programs fill the dK/dV pass's tail. ``DKDV_STAGES`` and ``DQ_STAGES``: each
+    kind's loop pipeline depth (``BwdConfig.num_stages`` and ``dq_num_stages``; the launch takes the larger).
 
     ``ORDER`` (a 1-D grid of ``batch * KV heads * (n_items + group * n_dq_m)`` programs): program ``p`` runs
     the program ``ORDER[p] = bh * per_head + pid`` of the 2-D grid -- the host's dispatch order
@@ -410,7 +416,7 @@ def bwd_kernel(
             Lq, Lk, q_offset, scale, scale_log2, chunk, n_ws,
             band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
             HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N,
-            USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, False, DOT_PRECISION, USE_FN, USE_TMA, False)
+            USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, False, DOT_PRECISION, USE_FN, USE_TMA, False, DKDV_STAGES)
     else:
         j = pid - n_items
         b = bh // Hkv
@@ -425,7 +431,7 @@ def bwd_kernel(
             Hq, group, LB, LH, lh_div, n_qtiles, W, FW, Lq, Lk, q_offset, scale, scale_log2,
             band_lo, band_hi, sink_n, sink_lo, sink_hi, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
             HEAD_DIM, BLOCK_Q, BLOCK_K, DQ_BLOCK_M, DQ_BLOCK_N,
-            USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, DOT_PRECISION, USE_FN, False, USE_TMA)
+            USE_BITS, HAS_SINKS, HAS_DOC, HAS_ROW_SLOT, DOT_PRECISION, USE_FN, False, USE_TMA, DQ_STAGES)
 
 
 @triton.jit

@@ -173,7 +173,7 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
                  DK=dk, DV=dv, DQ=dq, WS_K=ws_k, WS_V=ws_v, **tensors,
                  **_descriptors(q, k, v, do, cfg.block_m, cfg.block_n, tma),
                  **_descriptors(q, k, v, do, cfg.dq_block_m, cfg.dq_block_n, tma, prefix="dq_desc_"),
-                 num_stages=cfg.num_stages)
+                 num_stages=max(cfg.num_stages, cfg.dq_stages))
     else:
         # the atomic path's accumulator: a tensor descriptor when dQ is added by the copy engine (ATOMIC_DQ_TMA)
         acc = L.tensor_descriptors(D, dq=(dq_acc, cfg.block_m))["desc_dq"] \
@@ -312,9 +312,9 @@ def _bulk_reduce_runs() -> bool:
 
 def one_launch(cfg: BwdConfig, deterministic: bool) -> bool:
     """Whether the deterministic backward runs its dK/dV and dQ programs in one launch (``bwd_kernel``): asked
-    for (``overlap``), one program per dQ row (no ``dq_split``) and one launch config for both passes."""
-    return deterministic and cfg.overlap and cfg.dq_split is None and cfg.dq_warps == cfg.num_warps \
-        and cfg.dq_stages == cfg.num_stages
+    for (``overlap``), one program per dQ row (no ``dq_split``) and one warp count for both passes (each
+    kind of program keeps its own loop pipeline depth)."""
+    return deterministic and cfg.overlap and cfg.dq_split is None and cfg.dq_warps == cfg.num_warps
 
 
 @functools.lru_cache(maxsize=None)
@@ -380,7 +380,8 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
         inputs = B * (2 * Hq + 2 * Hkv) * Lq * D * q.element_size()  # Q, dO, K, V
         order = dispatch_order(layout, plan, cfg, B, Hq, Hkv, heads["lh_div"], inputs)
         fused = L.Static({**dq_kw, **dkdv, **L.strides("dq", dq, "m"), "DQ_BLOCK_M": cfg.dq_block_m,
-                          "DQ_BLOCK_N": cfg.dq_block_n, "n_items": n_items, "n_dq_m": n_dq_m, "ORDER": order})
+                          "DQ_BLOCK_N": cfg.dq_block_n, "n_items": n_items, "n_dq_m": n_dq_m, "ORDER": order,
+                          "DKDV_STAGES": cfg.num_stages, "DQ_STAGES": cfg.dq_stages})
         per_head = n_items + heads["group"] * n_dq_m
         fused_grid = (per_head, B * Hkv) if order is None else (order.numel(),)
     delta_m = 64

@@ -73,9 +73,11 @@ class BwdConfig:
     ``overlap`` (deterministic path): the dQ programs run in the dK/dV pass's launch -- one grid whose first
     programs of each KV head are its dK/dV work items and the rest its group's dQ rows (FlexAttention's layout
     of the work), so dQ programs take the SMs the dK/dV pass's last programs leave idle, with one launch's host
-    work. It needs one launch config for both passes (``dq_num_warps``/``dq_num_stages`` None or equal to the
-    dK/dV pass's) and ``dq_split`` None; otherwise, and with False, the passes are two launches back to back.
-    Outputs are the same bits either way."""
+    work. It needs one warp count for both passes (``dq_num_warps`` None or equal to ``num_warps``) and
+    ``dq_split`` None; otherwise, and with False, the passes are two launches back to back. In one launch each
+    kind of program still pipelines its loop ``num_stages`` / ``dq_num_stages`` deep (H200, D = 128: the dK/dV
+    loop at 2 stages and the dQ loop at 3 moved five patterns by -3% to +2% against 3 and 3,
+    ``book/data/bench/checks/bwd-loop-stages-h200.json``). Outputs are the same bits either way."""
     block_m: int
     block_n: int
     dq_block_m: int

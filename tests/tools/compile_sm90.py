@@ -180,7 +180,8 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
         fused = dict(Q=BF16, K=BF16, V=BF16, DO=BF16, LSE=F32, DELTA=F32, DK=BF16, DV=BF16, DQ=BF16, WS_K=F32,
                      WS_V=F32, Q_COUNT=I32, Q_INDEX=I32, Q_SLOT=I32, FULL_Q_COUNT=I32, FULL_Q_INDEX=I32, WORK=I32,
                      KV_COUNT=I32, KV_INDEX=I32, FULL_COUNT=I32, FULL_INDEX=I32, **extra)
-        shapes = dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, DQ_BLOCK_M=128, DQ_BLOCK_N=64)
+        shapes = dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=64, BLOCK_N=128, DQ_BLOCK_M=128, DQ_BLOCK_N=64,
+                      DKDV_STAGES=BWD_OPTIONS["num_stages"], DQ_STAGES=BWD_OPTIONS["num_stages"])
         for ordered in (False, True):  # a 2-D grid, or a 1-D grid through an ORDER table (ops.backward.DISPATCH)
             yield prefill_bwd.bwd_kernel, {**fused, **({"ORDER": I32} if ordered else {})}, ("scale", "scale_log2"), \
                 dict(**shapes, **mask, **NO_DESC, dq_desc_q=None, dq_desc_k=None, dq_desc_v=None, dq_desc_do=None,
@@ -189,6 +190,10 @@ def prefill_variants(mask, cap_ptrs, dims=(64, 128), backward=True, split=True, 
             dq_descs = {"dq_" + n: t for n, t in descriptors(128, 64).items()}
             yield prefill_bwd.bwd_kernel, {**fused, **descriptors(64, 128), **dq_descs, "ORDER": I32}, \
                 ("scale", "scale_log2"), dict(**shapes, **mask), BWD_OPTIONS
+            # each kind of program its own loop depth: dK/dV at 2 stages (ptxas: 92 bytes of spills a thread on
+            # the sinks predicate against 312 at 3), dQ at the launch's 3
+            yield prefill_bwd.bwd_kernel, {**fused, **descriptors(64, 128), **dq_descs, "ORDER": I32}, \
+                ("scale", "scale_log2"), dict(shapes, **mask, DKDV_STAGES=2), BWD_OPTIONS
     if backward and split:  # the split dQ pass (BwdConfig.dq_split): tasks of balance.plan, float32 partial dQ
         yield prefill_bwd.dq_kernel, {**dq, "TASKS": I32, "N_TASKS": I32, "WS_DQ": F32}, ("scale", "scale_log2"), \
             dict(HEAD_DIM=128, BLOCK_Q=128, BLOCK_K=128, BLOCK_M=128, BLOCK_N=64, **mask, **NO_DESC), BWD_OPTIONS
