@@ -394,8 +394,8 @@ def bwd_kernel(
 
     ``ORDER`` (a 1-D grid of ``batch * KV heads * (n_items + group * n_dq_m)`` programs): program ``p`` runs
     the program ``ORDER[p] = bh * per_head + pid`` of the 2-D grid -- the host's dispatch order
-    (:func:`sparseattn.ops.backward.dispatch_order`: the most expensive programs of every head first), which
-    decides only when a program starts, not what it writes."""
+    (:func:`sparseattn.ops.backward.dispatch_order`: by estimated cost, or the split chunks of every head
+    first), which decides only when a program starts, not what it writes."""
     per_head = n_items + group * n_dq_m
     if HAS_ORDER:
         code = tl.load(ORDER + tl.program_id(0))

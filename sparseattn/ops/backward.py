@@ -377,7 +377,7 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
     if dq is not None and one_launch(cfg, deterministic):
         n_dq_m = math.ceil(Lq / cfg.dq_block_m)
         n_items = plan.work.shape[0]
-        inputs = B * (2 * Hq + 2 * Hkv) * Lq * D * q.element_size()  # Q, dO, K, V
+        inputs = B * (2 * Hq * Lq + 2 * Hkv * Lk) * D * q.element_size()  # Q and dO, K and V
         order = dispatch_order(layout, plan, cfg, B, Hq, Hkv, heads["lh_div"], inputs)
         fused = L.Static({**dq_kw, **dkdv, **L.strides("dq", dq, "m"), "DQ_BLOCK_M": cfg.dq_block_m,
                           "DQ_BLOCK_N": cfg.dq_block_n, "n_items": n_items, "n_dq_m": n_dq_m, "ORDER": order,
