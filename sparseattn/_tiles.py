@@ -302,8 +302,15 @@ def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, 
         rows = MASK_TILE_ROWS or (bq if BACKEND == "interpreter" else max(1, min(bq, 4096 // bk)))
         mask_tiles_kernel[(t,)](**tiles, ANY=some, ALL=every, CELLS=out, q_offset=q_offset, q_len=q_len,
                                 kv_len=kv_len, n_heads=n_heads, n_q=n_q, n_k=n_k, **compiled.kernel_args(dev),
-                                BLOCK_Q=bq, BLOCK_K=bk, ROWS=rows, num_warps=4)
+                                BOUNDS_FN=TILE_BOUNDS and compiled.bounds or None, BLOCK_Q=bq, BLOCK_K=bk,
+                                ROWS=rows, num_warps=4)
     return some.bool(), every.bool(), None if out is None else out.bool()
+
+
+#: The classification kernel first decides each tile from the compiled mask's interval bounds
+#: (:func:`sparseattn.maskc.generate_bounds`) and skips the cells of the tiles they decide. Not measured on a
+#: GPU yet; ``book/data/bench/checks/layout-traced-bounds.py`` is the A/B (False: every tile's cells).
+TILE_BOUNDS = True
 
 
 def eval_tiles_compiled(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk) -> torch.Tensor:
@@ -344,8 +351,10 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     plain lambda has no rule of its own). The bounds pay only there: torch evaluates every cell of an
     undecided tile, while the kernel proves a tile in one program and its early exit settles a partial one
     in its first rows, so before the kernel the bounds' few dozen small tensor launches pay only on large
-    grids (:data:`TRACED_BOUNDS_MIN_TILES`). A mask with no rule at all (a plain function) on a smaller grid
-    sends every tile to the kernel without listing them: no ``nonzero``, no host sync."""
+    grids (:data:`TRACED_BOUNDS_MIN_TILES`). The kernel itself first asks the same bounds, compiled to scalar
+    code, about each tile it is given (:data:`TILE_BOUNDS`), and evaluates no cell of a tile they decide. A
+    mask with no rule at all (a plain function) on a smaller grid sends every tile to the kernel without
+    listing them: no ``nonzero``, no host sync."""
     from . import maskc
     shape = (grid.B, grid.H, grid.nq, grid.nk)
     if use_kernel is None:

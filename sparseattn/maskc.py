@@ -849,11 +849,125 @@ def generate(traced: Traced) -> str:
              f"    {traced.text()}",
              'Do not edit: the file name is a hash of this source."""',
              "import triton", "import triton.language as tl", ""]
-    for h in sorted(helpers):
+    for h in sorted(helpers | {"floordiv"}):  # the tile bounds floor-divide too
         lines += _HELPERS[h]
     lines += ["", "@triton.jit",
               "def pred(b, h, q, kv, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE):"] + body
+    lines += generate_bounds(traced)
     return "\n".join(lines) + "\n"
+
+
+def _lit(v: int) -> str:
+    """An int64 literal Triton reads as int64 (``-2**63`` cannot be written as a negated literal)."""
+    return "(-9223372036854775807 - 1)" if v == I64[0] else f"({v})" if v < 0 else str(v)
+
+
+def generate_bounds(traced: Traced) -> list:
+    """Source lines of ``bounds(b, h, q_lo, q_hi, k_lo, k_hi)``: what the traced mask decides about one whole
+    tile -- ``(may_true, may_false)``, two scalar bools -- by the interval rules of :func:`tile_bounds`, one
+    scalar int64 interval or bool pair per node. The device classification (``mask_tiles_kernel``) calls it
+    before evaluating a tile's cells and skips the cells of a tile it decides (an empty tile above a causal
+    diagonal is most of them), with no tensor work on the host. A wrapping node keeps its traced range, as
+    in :func:`tile_bounds`; a captured table's entry is unknown here, and so is everything computed from it
+    (any value; a comparison may go either way), so the source does not depend on the table's dtype --
+    slightly looser than :func:`tile_bounds`, which bounds an entry by its dtype's range."""
+    g = traced.graph
+    body = ["    b = b.to(tl.int64)", "    h = h.to(tl.int64)", "    q_lo = q_lo.to(tl.int64)",
+            "    q_hi = q_hi.to(tl.int64)", "    k_lo = k_lo.to(tl.int64)", "    k_hi = k_hi.to(tl.int64)"]
+    pos = {"b": ("b", "b"), "h": ("h", "h"), "q": ("q_lo", "q_hi"), "kv": ("k_lo", "k_hi")}
+    vals: dict = {}
+    for i in _reachable(g, traced.out):
+        n = g.nodes[i]
+        x, y = f"lo{i}", f"hi{i}"  # (lo, hi) of an integer node, (may_true, may_false) of a bool node
+        whole = (_lit(n.lo), _lit(n.hi))
+        emit = None
+        if n.op == "arg":
+            vals[i] = pos[n.args[0]]
+            continue
+        if n.op == "const":
+            v = n.args[0]
+            vals[i] = (str(bool(v)), str(not v)) if n.kind == "bool" else (_lit(v), _lit(v))
+            continue
+        if n.op == "wrap":
+            vals[i] = ("True", "True") if n.kind == "bool" else whole
+            continue
+        if n.op == "load":  # a table entry may be anything: an unknown (None) int, a bool that may be either
+            vals[i] = ("True", "True") if n.kind == "bool" else None
+            continue
+        if any(vals[k] is None for k in _kids(n)):  # computed from an unknown int: unknown too
+            vals[i] = ("True", "True") if n.kind == "bool" else None
+            continue
+        if n.op in ("not", "retype"):
+            t, f = vals[n.args[0]]
+            vals[i] = (f, t) if n.op == "not" else (t, f)
+            continue
+        if n.op == "bool2int":
+            t, f = vals[n.args[0]]
+            emit = (f"tl.where({f}, 0, 1).to(tl.int64)", f"tl.where({t}, 1, 0).to(tl.int64)")
+        elif n.op == "inv":
+            lo, hi = vals[n.args[0]]
+            emit = _within_src(f"-{hi} - 1", f"-{lo} - 1", n)
+        elif n.op == "where":
+            (ct, cf), (alo, ahi), (blo, bhi) = (vals[a] for a in n.args)
+            if n.kind == "bool":
+                emit = (f"({ct} & {alo}) | ({cf} & {blo})", f"({ct} & {ahi}) | ({cf} & {bhi})")
+            else:
+                emit = (f"tl.where({cf} == 0, {alo}, tl.where({ct} == 0, {blo}, tl.minimum({alo}, {blo})))",
+                        f"tl.where({cf} == 0, {ahi}, tl.where({ct} == 0, {bhi}, tl.maximum({ahi}, {bhi})))")
+        else:
+            op, a, b = n.args
+            (alo, ahi), (blo, bhi) = vals[a], vals[b]
+            nb = g.nodes[b]
+            if n.kind == "bool" and g.nodes[a].kind == "bool":
+                at, af, bt, bf = alo, ahi, blo, bhi
+                emit = {"and": (f"{at} & {bt}", f"{af} | {bf}"), "or": (f"{at} | {bt}", f"{af} & {bf}")}.get(
+                    op, (f"({at} & {bf}) | ({af} & {bt})", f"({at} & {bt}) | ({af} & {bf})"))
+            elif op in ("lt", "le", "gt", "ge"):
+                emit = {"lt": (f"{alo} < {bhi}", f"{ahi} >= {blo}"), "le": (f"{alo} <= {bhi}", f"{ahi} > {blo}"),
+                        "gt": (f"{ahi} > {blo}", f"{alo} <= {bhi}"), "ge": (f"{ahi} >= {blo}", f"{alo} < {bhi}")}[op]
+            elif op in ("eq", "ne"):
+                meet = f"({alo} <= {bhi}) & ({blo} <= {ahi})"
+                apart = f"({alo} != {ahi}) | ({blo} != {bhi}) | ({alo} != {blo})"
+                emit = (meet, apart) if op == "eq" else (apart, meet)
+            elif (n.lo, n.hi) == I64:
+                vals[i] = whole
+                continue
+            elif op in ("add", "sub"):
+                emit = _within_src(f"{alo} + {blo}", f"{ahi} + {bhi}", n) if op == "add" else \
+                    _within_src(f"{alo} - {bhi}", f"{ahi} - {blo}", n)
+            elif op == "mul":
+                ends = list(dict.fromkeys(f"{u} * {v}" for u in (alo, ahi) for v in (blo, bhi)))
+                emit = _within_src(_fold("minimum", ends), _fold("maximum", ends), n)
+            elif op in ("min", "max"):
+                emit = _within_src(f"tl.{op}imum({alo}, {blo})", f"tl.{op}imum({ahi}, {bhi})", n)
+            elif op == "floordiv" and nb.lo > 0:
+                ends = list(dict.fromkeys(f"_floordiv({u}, {v})" for u in (alo, ahi) for v in (blo, bhi)))
+                emit = _within_src(_fold("minimum", ends), _fold("maximum", ends), n)
+            elif op == "mod" and nb.op == "const" and nb.lo > 0:
+                c = nb.lo
+                body += [f"    klo{i} = _floordiv({alo}, {c})", f"    khi{i} = _floordiv({ahi}, {c})"]
+                emit = _within_src(f"tl.where(klo{i} == khi{i}, {alo} - klo{i} * {c}, 0)",
+                                   f"tl.where(klo{i} == khi{i}, {ahi} - khi{i} * {c}, {c - 1})", n)
+            else:  # bit operations, shifts, truncating division, other divisors: the traced range
+                vals[i] = whole
+                continue
+        body += [f"    {x} = {emit[0]}", f"    {y} = {emit[1]}"]
+        vals[i] = (x, y)
+    t, f = vals[traced.out]
+    body.append(f"    return {t}, {f}")
+    return ["", "@triton.jit", "def bounds(b, h, q_lo, q_hi, k_lo, k_hi):"] + body
+
+
+def _within_src(lo: str, hi: str, n: Node) -> tuple:
+    """:func:`_within` as source: the tile interval clamped into the node's traced range."""
+    return f"tl.maximum({lo}, {_lit(n.lo)})", f"tl.minimum({hi}, {_lit(n.hi)})"
+
+
+def _fold(fn: str, xs: list) -> str:
+    out = xs[0]
+    for x in xs[1:]:
+        out = f"tl.{fn}({out}, {x})"
+    return out
 
 
 def _widths(g: Graph, order: list) -> dict:
@@ -945,7 +1059,7 @@ def _load_predicate(source: str):
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-        fn = _MODULES[key] = module.pred
+        fn = _MODULES[key] = (module.pred, module.bounds)
         STATS["generated"] += 1
         return key, fn
 
@@ -953,8 +1067,11 @@ def _load_predicate(source: str):
 @dataclass(frozen=True, eq=False)
 class CompiledMask:
     """A traced mask_mod and its generated predicate. ``captures`` are the tensors the mask indexes, in slot
-    order; :meth:`kernel_args` gives what a kernel passes for them."""
+    order; :meth:`kernel_args` gives what a kernel passes for them. ``bounds``: the same mask's interval
+    bounds over a whole tile (:func:`generate_bounds`), which the layout build's classification kernel
+    calls."""
     fn: object  # the @triton.jit predicate
+    bounds: object  # the @triton.jit tile bounds
     captures: tuple
     source: str
     key: str
@@ -989,8 +1106,8 @@ def compile_mask(mask_mod, *, pos_bound: int = DEFAULT_POS_BOUND, device=None) -
     """Trace and compile ``mask_mod`` (cached by its generated source). Raises :class:`Unsupported`."""
     traced = trace(mask_mod, pos_bound=pos_bound, device=device)
     source = generate(traced)
-    key, fn = _load_predicate(source)
-    return CompiledMask(fn, tuple(traced.graph.captures), source, key, traced.text(), pos_bound)
+    key, (fn, bounds) = _load_predicate(source)
+    return CompiledMask(fn, bounds, tuple(traced.graph.captures), source, key, traced.text(), pos_bound)
 
 
 def pos_bound_for(max_position: int) -> int:

@@ -258,12 +258,16 @@ def test_cache_hits_for_an_equal_structure_with_other_captured_data(tmp_path, mo
 
 
 def test_int32_unless_the_range_needs_int64():
-    narrow = maskc.compile_mask(lambda b, h, q, k: (q - k) % 7 < 3).source
+    """The cell predicate computes in int32 unless a node's range needs int64 (the tile bounds, a few scalar
+    operations per tile, are int64 throughout)."""
+    def pred(mm, **kw):
+        return maskc.compile_mask(mm, **kw).source.split("def bounds")[0]
+    narrow = pred(lambda b, h, q, k: (q - k) % 7 < 3)
     assert "int64" not in narrow and "_mod(" in narrow  # q - k may be negative: floor modulo helper
-    nonneg = maskc.compile_mask(lambda b, h, q, k: (q + k) % 7 < 3).source
+    nonneg = pred(lambda b, h, q, k: (q + k) % 7 < 3)
     assert "_mod(" not in nonneg  # both operands non-negative: Triton's % agrees with torch's
-    assert "tl.int64" in maskc.compile_mask(lambda b, h, q, k: q * k > 1 << 40).source
-    assert "tl.int64" in maskc.compile_mask(lambda b, h, q, k: q * k > 5, pos_bound=1 << 31).source
+    assert "tl.int64" in pred(lambda b, h, q, k: q * k > 1 << 40)
+    assert "tl.int64" in pred(lambda b, h, q, k: q * k > 5, pos_bound=1 << 31)
 
 
 # ---- the layout build's device path ---------------------------------------------------------------------------------
@@ -418,3 +422,78 @@ def test_a_mask_without_a_rule_sends_every_tile_to_the_kernel_unlisted(monkeypat
     want = T.classify(mm, grid, None, use_kernel=False)
     assert all(torch.equal(x, y) for x, y in zip(got, want))
     assert want[0].any() and want[1].any() and not (want[0] | want[1]).all()  # every class present
+
+
+# ---- the tile bounds inside the classification kernel ----------------------------------------------------------------
+def kernel_bounds(mask_mod, grid):
+    """``(may_true, may_false)`` per tile from the compiled module's ``bounds`` (what the classification kernel
+    calls), run over every tile of ``grid`` by a probe kernel; bool ``[B, H, nq, nk]`` each."""
+    import triton
+    import triton.language as tl
+    from sparseattn import _runtime
+    _runtime.select_backend()
+
+    @triton.jit
+    def probe(MAY_T, MAY_F, q_offset, q_len, kv_len, n_heads, n_q, n_k, BOUNDS_FN: tl.constexpr,
+              BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
+        t = tl.program_id(0)
+        ki = t % n_k
+        qi = (t // n_k) % n_q
+        h = (t // (n_k * n_q)) % n_heads
+        b = t // (n_k * n_q * n_heads)
+        q0 = qi * BLOCK_Q
+        k0 = ki * BLOCK_K
+        may_t, may_f = BOUNDS_FN(b, h, q0 + q_offset, tl.minimum(q0 + BLOCK_Q, q_len) - 1 + q_offset, k0,
+                                 tl.minimum(k0 + BLOCK_K, kv_len) - 1)
+        tl.store(MAY_T + t, may_t.to(tl.int8))
+        tl.store(MAY_F + t, may_f.to(tl.int8))
+
+    c = maskc.compile_mask(mask_mod, pos_bound=maskc.pos_bound_for(max(grid.q_start + grid.q_len, grid.kv_len)))
+    shape = (grid.B, grid.H, grid.nq, grid.nk)
+    may_t, may_f = (torch.empty(shape, dtype=torch.int8) for _ in range(2))
+    probe[(may_t.numel(),)](may_t, may_f, grid.q_start, grid.q_len, grid.kv_len, grid.H, grid.nq, grid.nk,
+                            BOUNDS_FN=c.bounds, BLOCK_Q=grid.block_q, BLOCK_K=grid.block_k)
+    return may_t.bool(), may_f.bool()
+
+
+@pytest.mark.parametrize("name", sorted(LAMBDAS))
+def test_generated_tile_bounds_equal_the_traced_ones(name):
+    """The generated ``bounds`` (scalar int64 intervals, one per node) decide exactly the tiles the traced torch
+    bounds decide, on a grid with a query offset and lengths ending inside a tile."""
+    grid = TileGrid(37, 300, 260, 32, 32, 2, 3, torch.device("cpu"))
+    may_t, may_f = kernel_bounds(LAMBDAS[name], grid)
+    tb = maskc.tile_bounds(LAMBDAS[name], grid)
+    assert torch.equal(may_t, tb.any_hi) and torch.equal(~may_f, tb.all_lo)
+
+
+@FAST
+@given(data=st.data(), shape=shapes)
+def test_classification_with_tile_bounds_equals_every_cell(data, shape):
+    """The classification kernel with its tile bounds on (``_tiles.TILE_BOUNDS``, the default) gives the
+    classes of every cell evaluated eagerly, on compositions of catalogue patterns and their negation."""
+    B, H, Lq, Lk, q_offset = shape
+    names = [n for n in sorted(P.CATALOGUE) if n != "document"]
+    parts = [catalogue_mask(data.draw, data.draw(st.sampled_from(names))) for _ in range(2)]
+    mm = data.draw(st.sampled_from([P.and_masks, P.or_masks]))(*parts)
+    if data.draw(st.booleans()):
+        mm = P.not_mask(mm)
+    grid = TileGrid(q_offset, Lq, Lk, 16, 16, B, H, torch.device("cpu"))
+    partial, full = T.classify(mm, grid, None, use_kernel=True)
+    some, every = exact_classes(mm, grid)
+    assert torch.equal(full, every & some) and torch.equal(partial, some & ~every)
+
+
+def test_tile_bounds_change_no_class_and_decide_the_tiles_above_the_diagonal(monkeypatch):
+    """Switching the kernel's tile bounds off (``_tiles.TILE_BOUNDS``) changes no class, and on the stripes
+    mask (no tile rule of its own) they empty every tile above the causal diagonal, the tiles whose cells the
+    kernel would otherwise evaluate row by row to the end."""
+    grid = TileGrid(0, 320, 320, 32, 32, 1, 1, torch.device("cpu"))
+    stripes = LAMBDAS["stripes"]
+    monkeypatch.setattr(T, "TILE_BOUNDS", False)
+    without = T.classify(stripes, grid, None, use_kernel=True)
+    monkeypatch.setattr(T, "TILE_BOUNDS", True)
+    with_ = T.classify(stripes, grid, None, use_kernel=True)
+    assert all(torch.equal(x, y) for x, y in zip(without, with_))
+    may_t, may_f = kernel_bounds(stripes, grid)
+    above = torch.ones(grid.nq, grid.nk, dtype=torch.bool).triu(1)
+    assert bool((~may_t[0, 0])[above].all())  # (and some below it: a tile inside one masked stripe)

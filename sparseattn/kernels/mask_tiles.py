@@ -8,7 +8,10 @@ sequences): what tests compare cell by cell against the eager mask_mod. Without 
 ``ROWS`` rows already hold an allowed and a masked cell is partial and its other rows are never evaluated.
 Without a tile list (``TB`` None) the launch covers every tile of the ``[B, H, nq, nk]`` grid, program ``t``
 its ``t``-th tile in row-major order: a mask with no tile rule leaves every tile undecided, and listing them
-would cost a ``nonzero`` (a host sync) and four index tensors for nothing.
+would cost a ``nonzero`` (a host sync) and four index tensors for nothing. ``BOUNDS_FN`` (the compiled mask's
+interval bounds, :func:`sparseattn.maskc.generate_bounds`) decides a tile from its corner positions before
+any cell is evaluated: a tile above a causal diagonal is empty in a few scalar operations instead of
+``BLOCK_Q x BLOCK_K`` predicate evaluations.
 """
 import triton
 import triton.language as tl
@@ -27,7 +30,7 @@ def _rows(b, h, q0, r0, k_pos, k_ok, q_offset, q_len, MASK_FN: tl.constexpr, CAP
 @triton.heuristics({"WRITE_CELLS": lambda a: a["CELLS"] is not None, "EVERY_TILE": lambda a: a["TB"] is None})
 @triton.jit
 def mask_tiles_kernel(TB, TH, TQ, TK, ANY, ALL, CELLS, q_offset, q_len, kv_len, n_heads, n_q, n_k,
-                      MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                      MASK_FN: tl.constexpr, BOUNDS_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
                       BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                       WRITE_CELLS: tl.constexpr, EVERY_TILE: tl.constexpr):
     t = tl.program_id(0)
@@ -57,6 +60,16 @@ def mask_tiles_kernel(TB, TH, TQ, TK, ANY, ALL, CELLS, q_offset, q_len, kv_len, 
         tl.store(ANY + t, tl.max(tl.max(some, 1), 0).to(tl.int8))
         tl.store(ALL + t, tl.min(tl.min(every, 1), 0).to(tl.int8))
     else:
+        if BOUNDS_FN is not None:  # the mask's interval bounds over the whole tile (maskc.generate_bounds)
+            q_lo = q0 + q_offset
+            q_hi = tl.minimum(q0 + BLOCK_Q, q_len) - 1 + q_offset
+            k_lo = ki * BLOCK_K
+            k_hi = tl.minimum(k_lo + BLOCK_K, kv_len) - 1
+            may_true, may_false = BOUNDS_FN(b, h, q_lo, q_hi, k_lo, k_hi)
+            if (may_true == 0) | (may_false == 0):  # empty or full whatever its cells: none is evaluated
+                tl.store(ANY + t, may_true.to(tl.int8))
+                tl.store(ALL + t, (may_false == 0).to(tl.int8))
+                return
         # the first rows alone settle most partial tiles (one allowed and one masked cell make a tile
         # partial); only a tile still all-allowed or all-masked there reads its other rows
         allowed, ok = _rows(b, h, q0, 0, k_pos, k_ok, q_offset, q_len, MASK_FN, CAP0, CAP1, CAP2, CAP3,

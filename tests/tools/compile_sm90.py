@@ -58,7 +58,7 @@ def compile_variant(kernel, ptrs: dict, floats=(), consts=None, options=None) ->
             consts[name] = rule(seen)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in jit.arg_names}
     src = ASTSource(jit, sig, {(jit.arg_names.index(k),): v for k, v in consts.items()})
-    flags = ",".join(f"{k}={getattr(v, '__module__', v) if k == 'MASK_FN' else v}" for k, v in consts.items()
+    flags = ",".join(f"{k}={getattr(v, '__module__', v) if k in ('MASK_FN', 'BOUNDS_FN') else v}" for k, v in consts.items()
                      if k.isupper() and not isinstance(v, int))
     try:
         compiled = triton.compile(src, target=TARGET, options=options)
@@ -111,7 +111,7 @@ def compiled_masks():
                      ("narrow", narrow)):
         c = maskc.compile_mask(mm)
         types = [{torch.int32: I32, torch.int64: "*i64", torch.bool: "*i1"}[t.dtype] for t in c.captures]
-        out.append((name, c.fn, types))
+        out.append((name, c.fn, types, c.bounds))
     return out
 
 
@@ -209,22 +209,25 @@ def variants():
         yield from prefill_variants(mask, cap_ptrs, tma=kind in ("predicate+sinks", "documents"))
     # compiled mask_mods: the one with captures through every prefill kernel, the others through the forward
     compiled = compiled_masks()
-    for i, (name, fn, types) in enumerate(compiled):
+    for i, (name, fn, types, _) in enumerate(compiled):
         yield from prefill_variants(*compiled_kind(fn, types), dims=(64, 128) if i == 0 else (128,), backward=i == 0,
                                     split=i == 0)
-    for i, (name, fn, types) in enumerate(compiled):
+    for i, (name, fn, types, bounds) in enumerate(compiled):
         caps = {f"CAP{j}": t for j, t in enumerate(types)}
+        # every compiled mask's tile bounds (maskc.generate_bounds) in the classification kernel; cells written
+        # (the tests' path) without them
         for cells in ((False, True) if i == 0 else (False,)):
             ptrs = dict(TB=I32, TH=I32, TQ=I32, TK=I32, ANY="*i8", ALL="*i8", CAP_SHAPE=I32, **caps,
                         **({"CELLS": "*i8"} if cells else {}))
             yield mask_tiles.mask_tiles_kernel, ptrs, (), dict(
-                MASK_FN=fn, BLOCK_Q=128, BLOCK_K=128, ROWS=32, **{f"CAP{j}": None for j in range(len(types), 4)},
-                **({} if cells else {"CELLS": None}))
-        if i == 0:  # no tile list: every tile of the grid, in row-major order
+                MASK_FN=fn, BOUNDS_FN=None if cells else bounds, BLOCK_Q=128, BLOCK_K=128, ROWS=32,
+                **{f"CAP{j}": None for j in range(len(types), 4)}, **({} if cells else {"CELLS": None}))
+        if i == 0:  # no tile list: every tile of the grid, in row-major order, with and without the bounds
             ptrs = dict(ANY="*i8", ALL="*i8", CAP_SHAPE=I32, **caps)
-            yield mask_tiles.mask_tiles_kernel, ptrs, (), dict(
-                MASK_FN=fn, BLOCK_Q=128, BLOCK_K=128, ROWS=32, TB=None, TH=None, TQ=None, TK=None, CELLS=None,
-                **{f"CAP{j}": None for j in range(len(types), 4)})
+            for with_bounds in (True, False):
+                yield mask_tiles.mask_tiles_kernel, ptrs, (), dict(
+                    MASK_FN=fn, BOUNDS_FN=bounds if with_bounds else None, BLOCK_Q=128, BLOCK_K=128, ROWS=32,
+                    TB=None, TH=None, TQ=None, TK=None, CELLS=None, **{f"CAP{j}": None for j in range(len(types), 4)})
     for sel in (False, True):
         ptrs = dict(Q=BF16, K_PAGES=BF16, V_PAGES=BF16, PAGE_TABLE=I32, SEQ_LENS=I32, SEQS=I32, O_PART=F32,
                     LSE_PART=F32, **({"SEL_INDEX": I32, "SEL_COUNT": I32} if sel else {}))

@@ -1,9 +1,12 @@
-"""When do the traced interval bounds pay before the classification kernel (``_tiles.TRACED_BOUNDS_MIN_TILES``)?
-Issue 13's layout row (stripes from a plain lambda, N = 32k) took 1.646 ms before the bounds and the kernel's
-early exit, 2.822 ms with both (versus, 2026-12-01 12:23 UTC). This A/B times the build of the two
-compiled-mask patterns at three lengths without the bounds before the kernel, with them always, and with the
-default gate (the kernel's early exit in all three), checks the tables are the same, and times
-``maskc.tile_bounds`` alone. One command on a GPU box (under a minute):
+"""Where the interval bounds of a compiled mask should run in the layout build: on the host before the
+classification kernel (``maskc.tile_bounds``, gated by ``_tiles.TRACED_BOUNDS_MIN_TILES``), inside the kernel
+(``maskc.generate_bounds``, switched by ``_tiles.TILE_BOUNDS``), both, or neither. Issue 13's layout row
+(stripes from a plain lambda, N = 32k) took 1.646 ms before either, 2.822 ms with the host bounds always
+(versus, 2026-12-01 12:23 UTC), 1.163 ms with the gate and the every-tile launch (14:52). Runs of this script:
+``checks/layout-traced-bounds-1-h200.json`` (12:29, host bounds only), ``-h200.json`` (14:53, with the every-tile
+launch; its first variant carried the process's warm-up, so each pattern now builds once before timing).
+This version times the two compiled-mask patterns at three lengths in five variants, checks the tables are
+the same, and times ``maskc.tile_bounds`` alone. One command on a GPU box (about a minute):
 
     python book/data/bench/checks/layout-traced-bounds.py   # writes $OUT/layout-traced-bounds-<gpu>.json
 
@@ -24,6 +27,10 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK = 128
 LENGTHS = (8192, 32768, 131072)
 DEFAULT_GATE = _tiles.TRACED_BOUNDS_MIN_TILES
+DEFAULT_TILE_BOUNDS = _tiles.TILE_BOUNDS
+#: (label, host bounds from this many undecided tiles (None: never), bounds inside the kernel)
+VARIANTS = (("kernel_only_ms", None, False), ("in_kernel_ms", None, True), ("host_ms", 0, False),
+            ("both_ms", 0, True), ("default_ms", DEFAULT_GATE, DEFAULT_TILE_BOUNDS))
 
 
 def _same(a: BlockLayout, b: BlockLayout) -> bool:
@@ -37,15 +44,17 @@ def main(out_dir: str) -> str:
             mm = prefill_mask_mod(pattern, N, DEV)  # made once, as a user would
             case = {"pattern": pattern, "N": N, "B": 1, "H": 1, "block": BLOCK}
             row, built = {"pattern": pattern, "N": N}, {}
-            for label, least in (("kernel_only_ms", None), ("bounds_ms", 0), ("gated_ms", DEFAULT_GATE)):
-                _tiles.TRACED_BOUNDS_MIN_TILES = least
-                build = lambda: BlockLayout.from_mask_mod(mm, N, N, BLOCK, BLOCK, device=DEV)  # noqa: E731
+            build = lambda: BlockLayout.from_mask_mod(mm, N, N, BLOCK, BLOCK, device=DEV)  # noqa: E731
+            build()  # warm-up: compile the kernels, trace the mask, before any variant is timed
+            for label, least, in_kernel in VARIANTS:
+                _tiles.TRACED_BOUNDS_MIN_TILES, _tiles.TILE_BOUNDS = least, in_kernel
                 built[label] = build()
                 ms = time_host(build, device=DEV)
                 records.append(Record(case, Impl.OURS, Pass.LAYOUT, ms, {"traced_bounds_min_tiles": least,
+                                                                          "tile_bounds": in_kernel,
                                                                           "variant": label[:-3]}))
                 row[label] = round(ms, 3)
-            _tiles.TRACED_BOUNDS_MIN_TILES = DEFAULT_GATE
+            _tiles.TRACED_BOUNDS_MIN_TILES, _tiles.TILE_BOUNDS = DEFAULT_GATE, DEFAULT_TILE_BOUNDS
             grid = TileGrid(0, N, N, BLOCK, BLOCK, 1, 1, torch.device(DEV))
             row["tile_bounds_alone_ms"] = round(time_host(lambda: maskc.tile_bounds(mm, grid), device=DEV), 3)
             row["same_table"] = all(_same(built["kernel_only_ms"], x) for x in built.values())
@@ -55,8 +64,7 @@ def main(out_dir: str) -> str:
             table.append(row)
             print(row, flush=True)
     path = C.write_json("layout-traced-bounds", records, out_dir, C.environment())
-    C.print_table(table, ["pattern", "N", "kernel_only_ms", "bounds_ms", "gated_ms", "tile_bounds_alone_ms",
-                          "same_table"])
+    C.print_table(table, ["pattern", "N", *(v[0] for v in VARIANTS), "tile_bounds_alone_ms", "same_table"])
     return path
 
 
