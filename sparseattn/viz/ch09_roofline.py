@@ -395,8 +395,9 @@ def crossover_table(doc: BenchFile) -> Table:
              _fmt(e["ours_predicted"])] for e in es]
     return Table(["family", "pass", "at", "varies", "ours (measured)", "FlexAttention (measured)",
                   "ours (predicted)"], rows,
-                 caption=f"Crossover against cuDNN on the envelope: measured ones between the two grid points "
-                         f"around them (one median per point), the model's interpolated ({run_caption(doc)})")
+                 caption=f"Crossover against cuDNN on the envelope: measured ones (eager calls) between the two "
+                         f"grid points around them (one median per point), the model's interpolated "
+                         f"({run_caption(doc)})")
 
 
 # ---------------------------------------------------------------------------------------------------------
