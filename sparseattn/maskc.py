@@ -953,7 +953,8 @@ def generate_bounds(traced: Traced) -> list:
                 continue
         body += [f"    {x} = {emit[0]}", f"    {y} = {emit[1]}"]
         vals[i] = (x, y)
-    t, f = vals[traced.out]
+    # a constant answer (a table of bools, say) is still returned as two scalar tensors the kernel can cast
+    t, f = (f"tl.full([], {v}, tl.int1)" if v in ("True", "False") else v for v in vals[traced.out])
     body.append(f"    return {t}, {f}")
     return ["", "@triton.jit", "def bounds(b, h, q_lo, q_hi, k_lo, k_hi):"] + body
 

@@ -341,17 +341,20 @@ def test_traced_tile_bounds_are_sound(name, shape):
     assert_bounds_sound(LAMBDAS[name], TileGrid(off, Lq, Lk, blk, blk, B, H, torch.device("cpu")))
 
 
+def draw_composition(data):
+    """Two catalogue patterns (documents aside) under ``and``/``or``, negated or not."""
+    names = [n for n in sorted(P.CATALOGUE) if n != "document"]
+    parts = [catalogue_mask(data.draw, data.draw(st.sampled_from(names))) for _ in range(2)]
+    mm = data.draw(st.sampled_from([P.and_masks, P.or_masks]))(*parts)
+    return P.not_mask(mm) if data.draw(st.booleans()) else mm
+
+
 @FAST
 @given(data=st.data(), shape=shapes)
 def test_traced_tile_bounds_of_compositions_are_sound(data, shape):
     """The same on compositions of catalogue patterns (the traced graph of each pattern's own predicate)."""
     B, H, Lq, Lk, q_offset = shape
-    names = [n for n in sorted(P.CATALOGUE) if n != "document"]
-    parts = [catalogue_mask(data.draw, data.draw(st.sampled_from(names))) for _ in range(2)]
-    mm = data.draw(st.sampled_from([P.and_masks, P.or_masks]))(*parts)
-    if data.draw(st.booleans()):
-        mm = P.not_mask(mm)
-    assert_bounds_sound(mm, TileGrid(q_offset, Lq, Lk, 16, 16, B, H, torch.device("cpu")))
+    assert_bounds_sound(draw_composition(data), TileGrid(q_offset, Lq, Lk, 16, 16, B, H, torch.device("cpu")))
 
 
 def test_traced_bounds_decide_the_tiles_a_plain_lambda_leaves():
@@ -456,6 +459,20 @@ def kernel_bounds(mask_mod, grid):
     return may_t.bool(), may_f.bool()
 
 
+def test_a_mask_of_a_bool_table_alone_leaves_every_tile_to_its_cells():
+    """A mask that only reads a captured bool table: the generated bounds know nothing (may be either, as
+    constants the kernel still takes), every tile goes to the cells, and the classes equal every cell."""
+    g = torch.Generator().manual_seed(3)
+    table = torch.rand(90, 70, generator=g) < 0.5
+    mm = lambda b, h, q, k: table[q, k]  # noqa: E731
+    grid = TileGrid(0, 90, 70, 16, 16, 1, 1, torch.device("cpu"))
+    may_t, may_f = kernel_bounds(mm, grid)
+    assert may_t.all() and may_f.all()
+    partial, full = T.classify(mm, grid, None, use_kernel=True)
+    some, every = exact_classes(mm, grid)
+    assert torch.equal(full, every & some) and torch.equal(partial, some & ~every)
+
+
 @pytest.mark.parametrize("name", sorted(LAMBDAS))
 def test_generated_tile_bounds_equal_the_traced_ones(name):
     """The generated ``bounds`` (scalar int64 intervals, one per node) decide exactly the tiles the traced torch
@@ -472,11 +489,7 @@ def test_classification_with_tile_bounds_equals_every_cell(data, shape):
     """The classification kernel with its tile bounds on (``_tiles.TILE_BOUNDS``, the default) gives the
     classes of every cell evaluated eagerly, on compositions of catalogue patterns and their negation."""
     B, H, Lq, Lk, q_offset = shape
-    names = [n for n in sorted(P.CATALOGUE) if n != "document"]
-    parts = [catalogue_mask(data.draw, data.draw(st.sampled_from(names))) for _ in range(2)]
-    mm = data.draw(st.sampled_from([P.and_masks, P.or_masks]))(*parts)
-    if data.draw(st.booleans()):
-        mm = P.not_mask(mm)
+    mm = draw_composition(data)
     grid = TileGrid(q_offset, Lq, Lk, 16, 16, B, H, torch.device("cpu"))
     partial, full = T.classify(mm, grid, None, use_kernel=True)
     some, every = exact_classes(mm, grid)
