@@ -4,11 +4,12 @@ classification kernel (``maskc.tile_bounds``, gated by ``_tiles.TRACED_BOUNDS_MI
 (stripes from a plain lambda, N = 32k) took 1.646 ms before either, 2.822 ms with the host bounds always
 (versus, 2026-12-01 12:23 UTC), 1.163 ms with the gate and the every-tile launch (14:52). Runs of this script:
 ``checks/layout-traced-bounds-1-h200.json`` (12:29, host bounds only), ``-h200.json`` (14:53, with the every-tile
-launch; its first variant carried the process's warm-up, so each pattern now builds once before timing).
+launch; its first variant carried the process's warm-up, so each pattern now builds once before timing;
+chapter 3 reads that file, so this version writes ``layout-tile-bounds-<gpu>.json``).
 This version times the two compiled-mask patterns at three lengths in five variants, checks the tables are
 the same, and times ``maskc.tile_bounds`` alone. One command on a GPU box (about a minute):
 
-    python book/data/bench/checks/layout-traced-bounds.py   # writes $OUT/layout-traced-bounds-<gpu>.json
+    python book/data/bench/checks/layout-traced-bounds.py   # writes $OUT/layout-tile-bounds-<gpu>.json
 
 Host wall time of one build followed by a device sync (the ``versus`` layout row's timer), median of 15."""
 import os
@@ -63,7 +64,7 @@ def main(out_dir: str) -> str:
                                   "same_table": row["same_table"]})
             table.append(row)
             print(row, flush=True)
-    path = C.write_json("layout-traced-bounds", records, out_dir, C.environment())
+    path = C.write_json("layout-tile-bounds", records, out_dir, C.environment())
     C.print_table(table, ["pattern", "N", *(v[0] for v in VARIANTS), "tile_bounds_alone_ms", "same_table"])
     return path
 
