@@ -11,11 +11,16 @@ One command on a GPU box (about four minutes):
 
     python book/data/bench/checks/bwd-dispatch-cost.py   # writes $OUT/bwd-dispatch-cost-<gpu>.json
 
+``--edge`` times instead the lengths where 16 heads' inputs just outgrow the L2 (N = 3k-6k; window 2048,
+causal, 2, 4 and 8 documents, sinks + window) in the three orders, to choose the "auto" rule there
+(writes ``bwd-dispatch-l2-<gpu>.json``; about three minutes).
+
 Per (pattern, N): the backward replayed from a CUDA graph (device ms) in each order and FlexAttention's,
 compiled on the same block mask; B=1, H=16, D=128, bf16; the table printed last gives ours / Flex.
 """
 import os
 import statistics
+import sys
 
 import torch
 
@@ -27,11 +32,14 @@ from sparseattn.ops import backward as B
 #: (label, DISPATCH, L2_SHARE)
 VARIANTS = (("head", "head", None), ("lead", "lead", None), ("cost-all", "cost", None), ("cost-0.5", "cost", 0.5),
             ("cost-0.25", "cost", 0.25))
-ORDERS = tuple(v[0] for v in VARIANTS)
 ROUNDS = 3
 CASES = [("window2048", n) for n in (2048, 4096, 8192)] + \
     [("sinks64+window1024", 4096), ("documents8", 4096), ("causal", 2048), ("window1024", 32768),
      ("causal", 32768)]
+#: ``--edge``: around the size where every head's inputs outgrow the L2 (50 MiB: N = 3276 at 16 heads, D = 128)
+EDGE_CASES = [("window2048", n) for n in (3072, 4096, 6144)] + [("causal", 4096)] + \
+    [(f"documents{d}", 4096) for d in (2, 4, 8)] + [("sinks64+window1024", 4096)]
+EDGE_VARIANTS = VARIANTS[:3]  # head, lead, cost across every head
 
 
 def _pattern(name, N):
@@ -39,28 +47,30 @@ def _pattern(name, N):
         return sa.patterns.sinks_window(64, 1024)
     if name.startswith("window"):
         return sa.patterns.sliding_window(int(name[len("window"):]))
-    if name == "documents8":  # eight equal documents, causal inside each (the crossover suite's family)
-        ids = torch.arange(N, device="cuda") // (N // 8)
+    if name.startswith("documents"):  # equal documents, causal inside each (the crossover suite's family)
+        ids = torch.arange(N, device="cuda") // (N // int(name[len("documents"):]))
         return sa.patterns.and_masks(sa.patterns.causal(), sa.patterns.document(ids))
     return sa.patterns.causal()
 
 
-def main(out_dir: str) -> str:
+def main(out_dir: str, edge: bool = False) -> str:
+    cases, variants = (EDGE_CASES, EDGE_VARIANTS) if edge else (CASES, VARIANTS)
+    orders = tuple(v[0] for v in variants)
     records, table = [], []
     flex = C.compiled_flex()
-    for name, N in CASES:
+    for name, N in cases:
         lay = sa.BlockLayout.from_mask_mod(_pattern(name, N), N, N, 128, 128, device="cuda")
         q, k, v, do = (torch.randn(1, 16, N, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         case = {"pattern": name, "N": N, "B": 1, "H": 16, "D": 128, "dtype": "bf16"}
         row = {"pattern": name, "N": N}
-        times = {label: [] for label in ORDERS}
+        times = {label: [] for label in orders}
         for r in range(ROUNDS):
-            for label, dispatch, share in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+            for label, dispatch, share in variants[r % len(variants):] + variants[:r % len(variants)]:
                 B.DISPATCH, B.L2_SHARE = dispatch, share
                 ms = C.pass_graph_ms(lambda a, b, c: sa.sparse_attention(a, b, c, lay), q, k, v, do)
                 if ms is not None:
                     times[label].append(ms)
-        for label, dispatch, share in VARIANTS:
+        for label, dispatch, share in variants:
             ms = statistics.median(times[label]) if times[label] else None
             records.append(Record(case, Impl.OURS, Pass.BWD, ms, {"dispatch": dispatch, "l2_share": share,
                                                                  "rounds_ms": times[label], "timing": "device"}))
@@ -70,15 +80,15 @@ def main(out_dir: str) -> str:
         ms = C.pass_graph_ms(lambda a, b, c: flex(a, b, c, block_mask=bm), q, k, v, do, warm=True)
         records.append(Record(case, Impl.FLEX, Pass.BWD, ms, {"timing": "device"}))
         row["flex"] = None if ms is None else round(ms, 4)
-        for key in ORDERS:
+        for key in orders:
             if row.get(key) and row.get("flex"):
                 row[f"{key}/flex"] = round(row[key] / row["flex"], 3)
         table.append(row)
         print(row, flush=True)
-    path = C.write_json("bwd-dispatch-cost", records, out_dir, C.environment())
-    C.print_table(table, ["pattern", "N", *ORDERS, "flex", *(f"{k}/flex" for k in ORDERS)])
+    path = C.write_json("bwd-dispatch-l2" if edge else "bwd-dispatch-cost", records, out_dir, C.environment())
+    C.print_table(table, ["pattern", "N", *orders, "flex", *(f"{k}/flex" for k in orders)])
     return path
 
 
 if __name__ == "__main__":
-    print(main(os.environ.get("OUT", ".")))
+    print(main(os.environ.get("OUT", "."), edge="--edge" in sys.argv[1:]))
