@@ -1,5 +1,7 @@
-"""The one-launch backward's dispatch order, A/B on the device (`ops.backward.LEAD_FIRST`): head by head (the
-default) against the longest work items of every head first. The one launch made the sinks + window backward
+"""The one-launch backward's dispatch order, A/B on the device (then `ops.backward.LEAD_FIRST`, now the "lead"
+and "head" values of `ops.backward.DISPATCH`, which this script sets so it still measures the same two orders;
+`checks/bwd-dispatch-cost.py` is the later A/B with the cost order): head by head (the default
+then) against the longest work items of every head first. The one launch made the sinks + window backward
 1.12-1.18x FlexAttention's device time at N = 1.5k-3k where the two-launch version was 0.85-0.99x (perf notes,
 "The backward's host path and the one-launch backward"). One command on a GPU box (a few minutes):
 
@@ -34,11 +36,11 @@ def main(out_dir: str) -> str:
         case = {"pattern": name, "N": N, "B": 1, "H": 16, "D": 128, "dtype": "bf16"}
         row = {"pattern": name, "N": N}
         for lead in (False, True):
-            B.LEAD_FIRST = lead
+            B.DISPATCH = "lead" if lead else "head"
             ms = C.pass_graph_ms(lambda a, b, c: sa.sparse_attention(a, b, c, lay), q, k, v, do)
             records.append(Record(case, Impl.OURS, Pass.BWD, ms, {"lead_first": lead, "timing": "device"}))
             row["lead_first" if lead else "head_major"] = None if ms is None else round(ms, 4)
-        B.LEAD_FIRST = False
+        B.DISPATCH = "auto"
         bm = lay.to_flex()
         ms = C.pass_graph_ms(lambda a, b, c: flex(a, b, c, block_mask=bm), q, k, v, do, warm=True)
         records.append(Record(case, Impl.FLEX, Pass.BWD, ms, {"timing": "device"}))
