@@ -48,11 +48,49 @@ def rows_to_lists(blocks: torch.Tensor, width: Optional[int] = None, count: Opti
     return count, index[..., 1:].to(INDEX_DTYPE).contiguous()
 
 
-def class_lists(partial: torch.Tensor, full: torch.Tensor):
-    """:func:`rows_to_lists` of both tile classes ``[B, H, nq, nk]`` with one host sync for both widths."""
+def row_lists_blocks(n_rows: int, n_cols: int, interpreter: bool):
+    """``(ROWS, COLS)`` of :mod:`sparseattn.kernels.row_lists`: on a GPU 16 rows a program, columns 256 at a
+    step (the grid's rows spread over many programs); in the interpreter, as for the transpose, few large
+    steps (every tile operation there is one numpy call)."""
+    if not interpreter:
+        return 16, max(16, min(_pow2_at_least(n_cols), 256))
+    cols = min(_pow2_at_least(n_cols), 1 << 12)
+    return max(1, min(_pow2_at_least(n_rows), (1 << 20) // cols)), cols
+
+
+def class_lists(partial: torch.Tensor, full: torch.Tensor, use_kernel: Optional[bool] = None):
+    """:func:`rows_to_lists` of both tile classes ``[B, H, nq, nk]`` with one host sync for both widths.
+
+    ``use_kernel`` (default: for CUDA tensors): two launches of :mod:`sparseattn.kernels.row_lists` around
+    the sync instead of about 22 torch launches; the same lists."""
+    from .kernels import BACKEND
+    if use_kernel is None:
+        use_kernel = partial.device.type == "cuda"
+    if use_kernel and (partial.device.type == "cuda" or BACKEND == "interpreter") and partial.numel():
+        return _class_lists_kernel(partial, full, BACKEND == "interpreter")
     counts = [x.sum(-1, dtype=torch.int32) for x in (partial, full)]
     widths = torch.stack([c.max() for c in counts]).tolist() if counts[0].numel() else [0, 0]
     return [rows_to_lists(x, int(w), c) for x, w, c in zip((partial, full), widths, counts)]
+
+
+def _class_lists_kernel(partial: torch.Tensor, full: torch.Tensor, interpreter: bool):
+    from .kernels.row_lists import row_lists_kernel
+    *lead, n_cols = partial.shape
+    n_rows = partial.numel() // n_cols
+    device = partial.device
+    flat = [x.reshape(n_rows, n_cols).contiguous().view(torch.uint8) for x in (partial, full)]
+    count, full_count = (torch.empty(n_rows, dtype=INDEX_DTYPE, device=device) for _ in range(2))
+    widths = torch.zeros(2, dtype=torch.int32, device=device)
+    rows, cols = row_lists_blocks(n_rows, n_cols, interpreter)
+    grid = (cdiv(n_rows, rows), 2)
+    kwargs = dict(PARTIAL=flat[0], FULL=flat[1], COUNT=count, FULL_COUNT=full_count, WIDTHS=widths,
+                  n_rows=n_rows, n_cols=n_cols, ROWS=rows, COLS=cols, num_warps=4)
+    launch_kernel(row_lists_kernel, grid, dict(kwargs, INDEX=count, FULL_INDEX=full_count, W=1, FW=1, WRITE=False))
+    W, FW = (max(int(w), 1) for w in widths.tolist())  # the one host sync
+    index = torch.empty(n_rows, W, dtype=INDEX_DTYPE, device=device)
+    full_index = torch.empty(n_rows, FW, dtype=INDEX_DTYPE, device=device)
+    launch_kernel(row_lists_kernel, grid, dict(kwargs, INDEX=index, FULL_INDEX=full_index, W=W, FW=FW, WRITE=True))
+    return [(count.view(lead), index.view(*lead, W)), (full_count.view(lead), full_index.view(*lead, FW))]
 
 
 def _pow2_at_least(n: int) -> int:

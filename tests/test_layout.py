@@ -1,6 +1,7 @@
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import pytest
 import torch
@@ -87,6 +88,26 @@ def test_from_block_mask_without_and_with_mask_mod():
     mm = P.sliding_window(20)
     layout = BlockLayout.from_block_mask(blocks, 70, 90, 16, 16, mask_mod=mm)
     check_layout_against_dense(layout, dense & dense_of(mm, 70, 90))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 300), st.floats(0.0, 1.0), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_class_lists_kernel_equals_torch(BH, nq, nk, p, gpu_blocks, seed):
+    """The row-list kernel (two launches, interpreter here) gives the torch version's lists bit for bit, with
+    the GPU's block sizes too (16 rows a program, 256 columns a step: rows and columns in several steps)."""
+    from sparseattn import _tiles as T
+    g = torch.Generator().manual_seed(seed)
+    r = torch.rand(BH, 1, nq, nk, generator=g)
+    r[:, :, : nq // 3] = 1.0  # some empty rows
+    partial, full = r < p / 2, (r >= p / 2) & (r < p)
+    want = T.class_lists(partial, full, use_kernel=False)
+    blocks = T.row_lists_blocks(BH * nq, nk, interpreter=not gpu_blocks)
+    with mock.patch.object(T, "row_lists_blocks", lambda *a: blocks):
+        got = T.class_lists(partial, full, use_kernel=True)
+    for (wc, wi), (gc, gi) in zip(want, got):
+        assert gc.dtype == wc.dtype == torch.int32 and gi.dtype == wi.dtype == torch.int32
+        assert torch.equal(gc, wc) and torch.equal(gi, wi)
 
 
 def test_transposed_lists_equal_brute_force():

@@ -64,3 +64,16 @@ def test_layout_device_path_equals_the_torch_path():
             b = BlockLayout.from_mask_mod(mm, N, N, 128, 128, device="cuda")
         for x, y in zip(a.block_classes(), b.block_classes()):
             assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 256, 256), (2, 3, 41, 1025), (1, 1, 1024, 1024), (1, 2, 7, 3)])
+def test_row_list_kernel_equals_the_torch_lists_on_the_gpu(shape):
+    """The compiled row-list kernel (two launches, GPU block sizes) against the torch lists, bit for bit."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for p in (0.0, 0.05, 0.5, 1.0):
+        r = torch.rand(*shape, device="cuda", generator=g)
+        partial, full = r < p / 2, (r >= p / 2) & (r < p)
+        want = _tiles.class_lists(partial, full, use_kernel=False)
+        got = _tiles.class_lists(partial, full, use_kernel=True)
+        for (wc, wi), (gc, gi) in zip(want, got):
+            assert torch.equal(gc, wc) and torch.equal(gi, wi)

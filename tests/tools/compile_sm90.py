@@ -25,8 +25,8 @@ from triton.compiler import ASTSource  # noqa: E402
 import sparseattn._runtime as runtime  # noqa: E402
 
 runtime._BACKEND = "cuda"  # define the kernels as compiled JIT functions, not interpreted ones
-from sparseattn.kernels import (decode, mask_tiles, merge, prefill_bwd, prefill_fwd, route, select,  # noqa: E402
-                                transpose)
+from sparseattn.kernels import (decode, mask_tiles, merge, prefill_bwd, prefill_fwd, route, row_lists,  # noqa: E402
+                                select, transpose)
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -254,7 +254,8 @@ def variants():
 
 
 def routing_variants():
-    """The routing kernels (pool, block scores, top-k select, member bits) and the fused transpose."""
+    """The routing kernels (pool, block scores, top-k select, member bits), the fused transpose and the
+    row lists of a layout build."""
     from sparseattn.bench.routing import POOL_VARIANTS
     for block, d in ((128, 128),):
         # every pool variant the routing suite's --pool-sweep times (FIRST and CURRENT among them), with the
@@ -302,6 +303,9 @@ def routing_variants():
                 OUT_FULL_COUNT=I32, OUT_FULL_INDEX=I32)
     for w_pow2, zero_pad in ((32, False), (2048, True)):
         yield transpose.transpose_kernel, ptrs, (), dict(ROWS=32, COLS=32, W_POW2=w_pow2, ZERO_PAD=zero_pad)
+    ptrs = dict(PARTIAL=U8, FULL=U8, COUNT=I32, FULL_COUNT=I32, INDEX=I32, FULL_INDEX=I32, WIDTHS=I32)
+    for cols, write in ((256, False), (256, True), (16, True)):
+        yield row_lists.row_lists_kernel, ptrs, (), dict(ROWS=16, COLS=cols, WRITE=write)
 
 
 def main() -> int:
