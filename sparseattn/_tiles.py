@@ -367,6 +367,20 @@ TRACED_BOUNDS_MIN_TILES: Optional[int] = 1 << 17
 _CLASSIFY_KERNEL: Optional[bool] = None  # None: the kernel on CUDA devices, torch elsewhere
 
 
+#: A mask with a tile rule on a grid of fewer tiles than this goes to the classification kernel whole, as a
+#: plain lambda does (its rule's torch ops, the ``nonzero`` and its host sync skipped; the kernel's compiled
+#: bounds decide the tiles the rule would). None: never. Measured on the H200
+#: (``book/data/bench/checks/layout-rule-vs-kernel-h200.json``, host ms of a build, whole grid / rule): at
+#: N = 8k (4k tiles) 0.19-0.55 on the six rule patterns, at 32k (64k tiles) 0.19-0.59 except a block table's
+#: lookup (1.32: the bounds cannot see into the table, so every cell of the empty tiles is evaluated), at
+#: 131k (1M tiles) 1.2-18 but for sinks + window (0.47).
+RULE_MASKS_WHOLE_GRID_BELOW: Optional[int] = 1 << 17
+#: ... and a rule mask that reads a captured table (document ids, a block table) only up to this many cells:
+#: the block table lost at 32k (1G cells) and won at 8k (67M); documents won at both, but keep their rule
+#: at 32k under this bound (0.39 there: a table's cost depends on the table, the bound follows the loss).
+RULE_TABLE_MASKS_WHOLE_GRID_CELLS = 1 << 28
+
+
 @contextlib.contextmanager
 def classify_kernel(use: Optional[bool]):
     """Within the block, layout builds reduce undecided tiles with the compiled predicate (``True``), with
@@ -397,11 +411,20 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     shape = (grid.B, grid.H, grid.nq, grid.nk)
     if use_kernel is None:
         use_kernel = _CLASSIFY_KERNEL if _CLASSIFY_KERNEL is not None else grid.device.type == "cuda"
-    no_rule = listed is None and getattr(mask_mod, "tile_rule", None) is None  # no tile decided by a rule
+    n_tiles = grid.B * grid.H * grid.nq * grid.nk
     least = TRACED_BOUNDS_MIN_TILES
-    if no_rule and use_kernel and (least is None or grid.B * grid.H * grid.nq * grid.nk < least):
+    has_rule = getattr(mask_mod, "tile_rule", None) is not None
+    if has_rule:
+        whole = RULE_MASKS_WHOLE_GRID_BELOW is not None and n_tiles < RULE_MASKS_WHOLE_GRID_BELOW
+    else:
+        whole = least is None or n_tiles < least
+    if whole and listed is None and use_kernel:
         compiled = compiled_mask_for(mask_mod, grid)
-        if compiled is not None:  # every tile to the kernel, no list of them
+        # a rule mask that reads a captured table: its entries are unknown to the kernel's bounds, so the
+        # kernel may evaluate every cell; the whole grid only while the cells are few
+        few = not (has_rule and compiled is not None and compiled.captures) or \
+            n_tiles * grid.block_q * grid.block_k <= RULE_TABLE_MASKS_WHOLE_GRID_CELLS
+        if compiled is not None and few:  # every tile to the kernel, no list of them
             any_, all_, _ = _mask_tiles_launch(compiled, None, None, None, None, grid.q_start, grid.q_len,
                                                grid.kv_len, grid.block_q, grid.block_k, cells=False,
                                                whole_grid=shape, device=grid.device)

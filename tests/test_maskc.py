@@ -427,6 +427,31 @@ def test_a_mask_without_a_rule_sends_every_tile_to_the_kernel_unlisted(monkeypat
     assert want[0].any() and want[1].any() and not (want[0] | want[1]).all()  # every class present
 
 
+@pytest.mark.parametrize("gate, cells, whole", [(1 << 17, 1 << 28, True), (None, 1 << 28, False),
+                                                 (16, 1 << 28, False), (1 << 17, 1000, "no table")])
+def test_rule_masks_go_to_the_kernel_whole_on_small_grids(monkeypatch, gate, cells, whole):
+    """A mask with a tile rule below ``RULE_MASKS_WHOLE_GRID_BELOW`` tiles skips its rule (one launch over the
+    whole grid); at or above it, or with the gate off, the rule decides first and the kernel gets the listed
+    undecided tiles; a rule mask that reads a captured table goes whole only up to
+    ``RULE_TABLE_MASKS_WHOLE_GRID_CELLS`` cells. Every way, the classes are the torch path's."""
+    seen = []
+    real = T._mask_tiles_launch
+    monkeypatch.setattr(T, "_mask_tiles_launch", lambda *a, **k: seen.append(k.get("whole_grid")) or real(*a, **k))
+    monkeypatch.setattr(T, "RULE_MASKS_WHOLE_GRID_BELOW", gate)
+    monkeypatch.setattr(T, "RULE_TABLE_MASKS_WHOLE_GRID_CELLS", cells)
+    ids = torch.tensor([0] * 70 + [1] * 60 + [2] * 70)
+    grid = TileGrid(0, 200, 200, 32, 32, 1, 2, torch.device("cpu"))  # 1 x 2 x 7 x 7 tiles
+    for mm, table in ((P.and_masks(P.causal(), P.sliding_window(50)), False),
+                      (P.and_masks(P.causal(), P.document(ids)), True)):
+        seen.clear()
+        got = T.classify(mm, grid, None, use_kernel=True)
+        goes_whole = whole is True or (whole == "no table" and not table)
+        assert (seen == [(1, 2, 7, 7)]) == goes_whole and all(s is None for s in seen[goes_whole:])
+        want = T.classify(mm, grid, None, use_kernel=False)
+        assert want[0].any() and want[1].any()
+        assert all(torch.equal(x, y) for x, y in zip(got, want))
+
+
 # ---- the tile bounds inside the classification kernel ----------------------------------------------------------------
 def kernel_bounds(mask_mod, grid):
     """``(may_true, may_false)`` per tile from the compiled module's ``bounds`` (what the classification kernel
