@@ -346,8 +346,11 @@ def _mask_tiles_launch(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk, 
 
 
 #: The classification kernel first decides each tile from the compiled mask's interval bounds
-#: (:func:`sparseattn.maskc.generate_bounds`) and skips the cells of the tiles they decide. Not measured on a
-#: GPU yet; ``book/data/bench/checks/layout-traced-bounds.py`` is the A/B (False: every tile's cells).
+#: (:func:`sparseattn.maskc.generate_bounds`) and skips the cells of the tiles they decide (False: every
+#: tile's cells). Measured on the H200 (``book/data/bench/checks/layout-tile-bounds-1-h200.json`` and
+#: ``-h200.json``, 2026-12-01 16:33 and 17:11 UTC, host ms of a build, stripes from a plain lambda, no bounds
+#: -> the kernel's): 1.08 -> 0.63 and 1.16 -> 0.72 at N = 32k, 11.39 -> 4.25 and 11.29 -> 4.21 at 128k; at 8k
+#: 0.77 -> 0.88 and 0.66 -> 0.63 (the host timer's spread there).
 TILE_BOUNDS = True
 
 
@@ -357,12 +360,14 @@ def eval_tiles_compiled(compiled, b, h, qi, ki, q_offset, q_len, kv_len, bq, bk)
 
 
 #: Before the classification kernel, the traced bounds run only when at least this many tiles are undecided
-#: (None: never; 0: always). On the H200 they cost about 0.95 ms whatever the size (70-odd small tensor
-#: launches) and the kernel about 17 ns for each tile it must scan whole, so they pay when they could remove
-#: more than about 60 000 tiles: stripes from a plain lambda built 1.62 ms without them and 2.38 with them
-#: at N = 32k (65 536 undecided tiles), 11.96 and 4.97 ms at 128k (1 048 576);
-#: ``book/data/bench/checks/layout-traced-bounds.py`` is the A/B.
-TRACED_BOUNDS_MIN_TILES: Optional[int] = 1 << 17
+#: (None: never; 0: always). They cost 0.64-0.73 ms on the H200 whatever the size (70-odd small tensor
+#: launches). Before :data:`TILE_BOUNDS` they paid from about 60 000 tiles (stripes from a plain lambda: 1.62
+#: ms without them and 2.38 with them at N = 32k, 11.96 and 4.97 ms at 128k; the gate was 2^17); the kernel
+#: now asks the same bounds itself, and the host's only repeat its work: at 128k 4.25 ms with the kernel's
+#: bounds alone, 5.35 with both, 4.63 with the host's alone (``checks/layout-tile-bounds-1-h200.json``);
+#: never is the default since, measured at 4.05 ms (``-h200.json``, 17:11). Kept for the A/B:
+#: ``book/data/bench/checks/layout-traced-bounds.py``.
+TRACED_BOUNDS_MIN_TILES: Optional[int] = None
 
 _CLASSIFY_KERNEL: Optional[bool] = None  # None: the kernel on CUDA devices, torch elsewhere
 

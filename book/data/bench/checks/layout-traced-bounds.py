@@ -5,7 +5,8 @@ classification kernel (``maskc.tile_bounds``, gated by ``_tiles.TRACED_BOUNDS_MI
 (versus, 2026-12-01 12:23 UTC), 1.163 ms with the gate and the every-tile launch (14:52). Runs of this script:
 ``checks/layout-traced-bounds-1-h200.json`` (12:29, host bounds only), ``-h200.json`` (14:53, with the every-tile
 launch; its first variant carried the process's warm-up, so each pattern now builds once before timing;
-chapter 3 reads that file, so this version writes ``layout-tile-bounds-<gpu>.json``).
+chapter 3 reads that file, so this version writes ``layout-tile-bounds-<gpu>.json``: ``-1-h200.json``
+16:33 with the gate at 2^17 as the default, ``-h200.json`` 17:11 with the host bounds off by default).
 This version times the two compiled-mask patterns at three lengths in five variants, checks the tables are
 the same, and times ``maskc.tile_bounds`` alone. One command on a GPU box (about a minute):
 
