@@ -215,7 +215,9 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: leave L2 between their readers once the heads' inputs exceed it; a 1-D grid through the table also costs
 #: ~1.5% against the 2-D grid on long launches (a dependent load before each program's work). Sorting
 #: within groups of heads that fit L2 together was tried and measured worse than head by head at N = 2k
-#: (1.14x Flex: the last group's longest programs start last).
+#: (1.14x Flex: the last group's longest programs start last). Just past the L2 (N = 4k, 1.28x it;
+#: checks/bwd-dispatch-l2-h200.json) the cost order won 2-4% on window 2048, causal and two documents and lost
+#: 2-7% on four and eight: the rule stays at the L2 (geometric mean of those rows 0.982 cost, 0.985 "auto").
 DISPATCH = "auto"
 
 #: "auto" sorts by cost when the inputs of every head take at most this share of the L2 cache (H200, 50 MiB:
