@@ -58,10 +58,10 @@ def test_repeat_rows():
 
 
 def test_baselines_figure_from_given_errors():
-    errs = {"correct kernel": {"baseline 1: fp64 on the same edges": 1e-7, "baseline 2: fp64 full attention": 0.5},
+    errs = {"correct kernel": {"baseline 1: fp64 on the same edges": 1e-7, "baseline 2: fp64 dense causal attention": 0.5},
             "kernel that skips one tile": {"baseline 1: fp64 on the same edges": 0.1,
-                                           "baseline 2: fp64 full attention": 0.52},
-            "pattern alone": {"baseline 2: fp64 full attention": 0.5}}
+                                           "baseline 2: fp64 dense causal attention": 0.52},
+            "pattern alone": {"baseline 2: fp64 dense causal attention": 0.5}}
     fig = V.baselines_figure(window=24, errors=errs)
     assert [t.name for t in fig.data] == list(V.BASELINE_COLORS)
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.title.text
