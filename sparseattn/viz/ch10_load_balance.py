@@ -154,7 +154,8 @@ def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figu
     r = BAL.report(layout, 1, heads, block_m=128, split=chunk, sms=SMS, program_overhead=over, head_dim=D)
     lens = BB.doc_lengths(32768, seed=1, median=1024, sigma=sigma)
     return _work_histogram(
-        r, 450, f"{len(lens)} documents (longest {int(lens.max())} tokens), {heads} head(s), chunk {chunk!r}<br><sup>"
+        r, 450, f"{len(lens)} documents (longest {int(lens.max())} tokens), {heads} "
+                f"{'head' if heads == 1 else 'heads'}, chunk {chunk!r}<br><sup>"
                 f"predicted: plain {r.makespan_plain * ms:.3f} ms, split {r.makespan_split * ms:.3f} ms, ideal "
                 f"{r.ideal * ms:.3f} ms (roofline tile time, {SMS} SMs)</sup>")
 
@@ -435,7 +436,7 @@ def recorded_bwd_cases(bf: BenchFile) -> dict:
 
 
 def bwd_near_ideal(bf: BenchFile, target: float = IDEAL_TARGET) -> dict:
-    """Per case of the recorded ``balance_bwd`` suite: our faster backward (plain or split dQ) / its ideal, and
+    """Per case of the recorded ``balance_bwd`` suite: our fastest backward (plain or split dQ) / its ideal, and
     whether that is within ``target`` (None where a time failed). ``below`` marks a case measured *faster* than
     its ideal: there the ideal is no lower bound (its calibration did not price a tile as this case runs it),
     so the case neither meets nor misses the target and ``met`` is False."""
@@ -465,7 +466,7 @@ def ideal_calibration(bf: BenchFile, name: str, pass_: str = Pass.BWD) -> dict:
 def recorded_bwd_table(bf: BenchFile) -> Table:
     """The recorded ``balance_bwd`` suite: per case the backward with the plain dQ pass and with the split dQ
     pass, FlexAttention's backward where it ran, the backward's ideal balanced time and the ratios (ours /
-    ideal against the issue's 1.15, FlexAttention / our faster)."""
+    ideal against the issue's 1.15, FlexAttention / our fastest)."""
     def fmt(x):
         return "not measured" if x is None else f"{x:.3f}"
     rows = []
@@ -477,7 +478,7 @@ def recorded_bwd_table(bf: BenchFile) -> Table:
                      f"{ours / ideal:.2f}" if ours and ideal else "",
                      flex_ratio_cell(c, ours)])
     header = ["case", "N", "heads", "plain dQ (ms)", "split dQ (ms)", "FlexAttention (ms)", "ideal (ms)",
-              "our faster / ideal", "FlexAttention / our faster"]
+              "our fastest / ideal", "FlexAttention / our fastest"]
     empty = [j for j in range(len(header)) if rows and all(r[j] == "not measured" for r in rows)]
     keep = [j for j in range(len(header)) if j not in empty]
     note = _not_in_run(header, empty)
