@@ -17,6 +17,7 @@ from ..bench import balance as BB
 from ..bench.record import BenchFile, Impl, Pass
 from ..layout import BlockLayout
 from . import COLORS, Table
+from ._axes import full_log_ticks
 
 __all__ = ["CASES", "case_report", "case_table", "cost_table", "histogram_figure", "tile_ms", "docs_layout",
            "explorer_figure", "recorded_table", "recorded_cases", "recorded_figure", "best_ours", "flex_target",
@@ -111,16 +112,16 @@ def histogram_figure(name: str, split="auto") -> go.Figure:
 
 
 def _work_histogram(r: BAL.BalanceReport, height: int, title: str) -> go.Figure:
-    """Tiles per program of a report, plain grid and split plan overlaid as bars on a log count axis."""
+    """Tiles per program of a report, plain grid and split plan side by side as bars on a log count axis."""
     fig = go.Figure()
     for hist, impl, label in ((r.hist_plain, Impl.OURS, "one program per row"),
                               (r.hist_split, Impl.OURS_SPLIT, f"split, chunk {r.chunk}")):
         xs = sorted(hist)
-        fig.add_trace(go.Bar(x=xs, y=[hist[x] for x in xs], name=label, marker_color=COLORS[impl], opacity=0.7))
-    fig.update_layout(barmode="overlay", height=height, title_font_size=14, legend=dict(orientation="h", y=-0.25),
+        fig.add_trace(go.Bar(x=xs, y=[hist[x] for x in xs], name=label, marker_color=COLORS[impl]))
+    fig.update_layout(barmode="group", height=height, title_font_size=14, legend=dict(orientation="h", y=-0.25),
                       yaxis=dict(type="log", range=_count_range(r), title="programs (count)"),
                       xaxis_title="listed tiles walked by one program", title=title)
-    return fig
+    return full_log_ticks(fig)
 
 
 @functools.lru_cache(maxsize=None)
@@ -413,7 +414,7 @@ def _bars_with_ideal(labels, series, ideal, height: int, title: str) -> go.Figur
                       title=title, xaxis=dict(title="case (query and key length, heads)", tickangle=0),
                       yaxis=dict(type="log", title="time (ms)",
                                  range=[math.log10(min(vals)) - 0.1, math.log10(max(vals)) + 0.1]))
-    return fig
+    return full_log_ticks(fig)  # labelled ticks (0.2, 0.5, 2, ...), not plotly's bare minor digits
 
 
 # ---- the recorded backward (suite balance_bwd) ----------------------------------------------------------------
