@@ -424,7 +424,8 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     else:
         whole = least is None or n_tiles < least
     if whole and listed is None and use_kernel:
-        compiled = compiled_mask_for(mask_mod, grid)
+        # a rule mask that does not compile keeps its rule quietly (it warns below only if tiles stay open)
+        compiled = compiled_mask_for(mask_mod, grid, warn=not has_rule)
         # a rule mask that reads a captured table: its entries are unknown to the kernel's bounds, so the
         # kernel may evaluate every cell; the whole grid only while the cells are few
         few = not (has_rule and compiled is not None and compiled.captures) or \
