@@ -59,11 +59,12 @@ def test_recorded_figures_build_and_read_the_right_rows():
     assert viz.main_case(doc) == {"N": 32768, "topk": 16, "Hkv": 16, "share": "kv_head"}
     fig = viz.split_figure(doc)
     bars = [t for t in fig.data if t.type == "bar" and t.xaxis == "x"]
-    assert len(bars) == 6  # 3 terms x (ours, Flex)
-    assert [t.y[0] for t in bars if t.x[0] == "ours"] == pytest.approx([0.07, 0.01, 1.0])
+    assert len(bars) == 5  # route + attention for ours (its forward step launches no index), 3 terms for Flex
+    assert [t.y[0] for t in bars if t.x[0] == "ours"] == pytest.approx([0.07, 1.0])
+    assert sorted(t.name for t in bars if t.showlegend) == sorted({t.name for t in bars})  # each term once
     make, topks = viz.split_at_topk(doc)
     assert topks == [4, 8, 16, 32]
-    assert len([t for t in make(8).data if t.type == "bar" and t.xaxis == "x"]) == 3  # no Flex off the main top-k
+    assert len([t for t in make(8).data if t.type == "bar" and t.xaxis == "x"]) == 2  # no Flex off the main top-k
     over = viz.overhead_figure(doc)
     ours_share = over.data[0]
     assert list(ours_share.x) == [4096, 8192, 16384, 32768]

@@ -95,8 +95,8 @@ def _ms(doc: BenchFile, impl: str, pass_: str, **case) -> Optional[float]:
 
 
 def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
-    """The step's time split at the main shape: route, index and attention forward, ours and the Flex
-    pipeline's, as stacked bars; markers for the whole step eager and from one CUDA graph; and forward +
+    """The step's time split at the main shape: route and attention forward for ours (its forward step
+    launches no index), route, index (BlockMask) and attention for the Flex pipeline, as stacked bars; markers for the whole step eager and from one CUDA graph; and forward +
     backward. With ``topk``, our split at another top-k of the sweep (the Flex pipeline was measured at the
     main top-k only)."""
     m = main_case(doc)
@@ -108,13 +108,17 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
                                         f"fwd + bwd, fixed at top-{m['topk']}<br>(measured there only)"])
     impls = [Impl.OURS] + ([Impl.FLEX] if k == m["topk"] else [])
     names = {Impl.OURS: "ours", Impl.FLEX: "Flex pipeline"}
+    shown = set()
     for pass_, label, pattern in TERMS:
         for impl in impls:
+            if impl == Impl.OURS and pass_ == Pass.INDEX:  # our forward step launches no index
+                continue
             ms = _ms(doc, impl, pass_, topk=k, **case)
-            fig.add_trace(go.Bar(x=[names[impl]], y=[ms], name=label, legendgroup=label, showlegend=impl == Impl.OURS,
+            fig.add_trace(go.Bar(x=[names[impl]], y=[ms], name=label, legendgroup=label, showlegend=label not in shown,
                                  marker=dict(color=COLORS[impl], pattern_shape=pattern,
                                              opacity={Pass.ROUTE: 0.55, Pass.INDEX: 0.75, Pass.FWD: 1.0}[pass_]),
                                  hovertemplate=f"{label}: %{{y:.3f}} ms<extra>{names[impl]}</extra>"), row=1, col=1)
+            shown.add(label)
     for impl in impls:
         for pass_, symbol, label in ((Pass.STEP, "circle-open", "whole step, eager"),
                                      (Pass.STEP_GRAPH, "diamond", "whole step, one CUDA graph")):
