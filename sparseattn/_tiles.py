@@ -54,8 +54,7 @@ def row_lists_blocks(n_rows: int, n_cols: int, interpreter: bool):
     steps (every tile operation there is one numpy call)."""
     if not interpreter:
         return 16, max(16, min(_pow2_at_least(n_cols), 256))
-    cols = min(_pow2_at_least(n_cols), 1 << 12)
-    return max(1, min(_pow2_at_least(n_rows), (1 << 20) // cols)), cols
+    return _interpreter_steps(n_rows, n_cols)
 
 
 def class_lists(partial: torch.Tensor, full: torch.Tensor, use_kernel: Optional[bool] = None):
@@ -85,6 +84,7 @@ def _class_lists_kernel(partial: torch.Tensor, full: torch.Tensor, interpreter: 
     grid = (cdiv(n_rows, rows), 2)
     kwargs = dict(PARTIAL=flat[0], FULL=flat[1], COUNT=count, FULL_COUNT=full_count, WIDTHS=widths,
                   n_rows=n_rows, n_cols=n_cols, ROWS=rows, COLS=cols, num_warps=4)
+    # the counting launch writes no list: its list arguments are placeholders
     launch_kernel(row_lists_kernel, grid, dict(kwargs, INDEX=count, FULL_INDEX=full_count, W=1, FW=1, WRITE=False))
     W, FW = (max(int(w), 1) for w in widths.tolist())  # the one host sync
     index = torch.empty(n_rows, W, dtype=INDEX_DTYPE, device=device)
@@ -103,11 +103,14 @@ def transpose_blocks(n_rows: int, n_cols: int, width: int, interpreter: bool):
     one numpy call, so the fewer and larger the steps, the faster: all columns of a head in one program and
     as many rows a step as Triton's largest block allows."""
     w_pow2 = _pow2_at_least(width + 1)
-    if not interpreter:
-        return 32, 32, w_pow2
+    return (32, 32, w_pow2) if not interpreter else (*_interpreter_steps(n_rows, n_cols), w_pow2)
+
+
+def _interpreter_steps(n_rows: int, n_cols: int):
+    """``(ROWS, COLS)`` of a rows x columns kernel in the interpreter, where every tile operation is one numpy
+    call: every column (up to 4096) and as many rows a step as Triton's largest block allows."""
     cols = min(_pow2_at_least(n_cols), 1 << 12)
-    rows = max(1, min(_pow2_at_least(n_rows), (1 << 20) // cols))
-    return rows, cols, w_pow2
+    return max(1, min(_pow2_at_least(n_rows), (1 << 20) // cols)), cols
 
 
 def longest_column(count: torch.Tensor, index: torch.Tensor, n_cols: int) -> int:

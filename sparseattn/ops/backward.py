@@ -260,7 +260,7 @@ def program_costs(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int,
 
 
 def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int, Hq: int, Hkv: int,
-                   lh_div: int, input_bytes: int = 0) -> Optional[torch.Tensor]:
+                   lh_div: int, input_bytes: int) -> Optional[torch.Tensor]:
     """The one-launch backward's ``ORDER`` table (int32, program ``p`` of the 1-D grid runs ``bh * per_head +
     pid`` of the 2-D one), or None for head by head (:data:`DISPATCH`). Built once per layout plan, on the
     device. ``input_bytes``: every head's Q, K, V and dO together ("auto" sorts by cost when they fit L2).
