@@ -223,33 +223,6 @@ def test_pointer_and_descriptor_paths(name, tma):
     run_and_check(layout, q, k, v, config=cfg)
 
 
-
-@pytest.mark.parametrize("split", [None, 2])
-@pytest.mark.parametrize("name", list(PATTERNS))
-def test_warp_specialized_loop(name, split):
-    """``warp_specialize`` with tensor descriptors walks partial and full tiles in one loop (a full tile's
-    cells allowed by its place in the list, not by the mask): same answer as the reference on every pattern,
-    whole rows and split tasks; layouts it cannot take (bits, documents, captured tables) keep two loops."""
-    from sparseattn.ops import FwdConfig
-    from sparseattn.ops._launch import mask_kwargs
-    from sparseattn.ops.prefill import warp_specializes
-    L = 150
-    layout = BlockLayout.from_mask_mod(PATTERNS[name], L, L, 32, 32, device="cpu")
-    q, k, v = (rand(1, 2, L, 32, dtype=torch.float32) for _ in range(3))
-    cfg = FwdConfig(block_m=32, block_n=16, num_warps=4, num_stages=2, tma=True, warp_specialize=True, split=split)
-    run_and_check(layout, q, k, v, config=cfg)
-    assert warp_specializes(mask_kwargs(layout, 1)) == ("document" not in name), mask_path_name(layout)
-
-
-def test_warp_specialized_loop_refuses_captured_tables_and_bits():
-    ids = torch.arange(150) // 40
-    tables = BlockLayout.from_mask_mod(lambda b, h, q, k: ids[q] == ids[k], 150, 150, 32, 32, device="cpu")
-    bits = BlockLayout.from_dense(torch.rand(1, 1, 150, 150) < 0.5, 32, 32)
-    from sparseattn.ops._launch import mask_kwargs
-    from sparseattn.ops.prefill import warp_specializes
-    assert mask_path_name(tables).startswith("compiled") and mask_path_name(bits) == "bits"
-    assert not warp_specializes(mask_kwargs(tables, 1)) and not warp_specializes(mask_kwargs(bits, 1))
-
 def test_interpreter_works_when_triton_was_imported_first():
     from conftest import run_fresh_python
     code = ("import os, torch, triton\n"  # triton imported before sparseattn chose the interpreter

@@ -27,14 +27,14 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
                BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_BITS: tl.constexpr, HAS_SINKS: tl.constexpr,
                HAS_DOC: tl.constexpr, HAS_ROW_SLOT: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, WARP_SPEC: tl.constexpr, USE_FN: tl.constexpr):
     """Fold the key tiles listed in ``INDEX[row, slot_lo:min(slot_hi, COUNT[row])]`` into (acc, m, l) (a split
     task's share of the row; the whole row is ``0, width``). ``MASKED``: partial tiles, token mask applied;
     otherwise full tiles, where only the key-length edge can cut a row."""
     SUB: tl.constexpr = BLOCK_K // BLOCK_N
     n_tiles = tl.minimum(tl.load(COUNT + row), slot_hi)
     CHECK: tl.constexpr = MASKED or not EVEN_K  # partial tiles may end past Lk; full ones only at the edge
-    for it in tl.range(slot_lo * SUB, n_tiles * SUB):
+    for it in tl.range(slot_lo * SUB, n_tiles * SUB, warp_specialize=WARP_SPEC):
         slot = it // SUB
         kb = tl.load(INDEX + row * width + slot)
         n_start = kb * BLOCK_K + (it % SUB) * BLOCK_N
@@ -60,42 +60,6 @@ def _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, st
             l_i = l_i * alpha + tl.sum(b_p, 1)
             acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PRECISION)
             m_i = m_new
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _fwd_tiles_one_loop(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-                        KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, row, W, FW, slot_lo, slot_hi, offs_m_abs,
-                        row_in_tile, doc_q, DOC_ROW, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi,
-                        RS_ROW, rs_rows, lb, lh, MASK_FN: tl.constexpr, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
-                        BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_DOC: tl.constexpr,
-                        USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_FN: tl.constexpr):
-    """The warp-specialised walk (``WARP_SPEC``): positions ``[slot_lo, slot_hi)`` of the row's partial list
-    followed by its full list, in **one** loop that Triton splits into a producer warp group (the K/V loads)
-    and consumer warp groups (dots and softmax). One loop, because Triton 3.6's Hopper pass aborts on a kernel
-    with two specialised loops, and a branch on the tile's kind inside the loop turns the specialisation off;
-    so every tile evaluates the token mask and a full tile's cells are allowed by its position in the list
-    (predicate and compiled masks only: the bits and member paths index per-slot tables of partial tiles)."""
-    SUB: tl.constexpr = BLOCK_K // BLOCK_N
-    n_part = tl.load(KV_COUNT + row)
-    n_tiles = tl.minimum(n_part + tl.load(FULL_COUNT + row), slot_hi)
-    for it in tl.range(slot_lo * SUB, n_tiles * SUB, warp_specialize=True):
-        slot = it // SUB
-        full = slot >= n_part
-        p_index = tl.where(full, FULL_INDEX + row * FW + (slot - n_part), KV_INDEX + row * W + slot)
-        n_start = tl.load(p_index) * BLOCK_K + (it % SUB) * BLOCK_N
-        offs_n = n_start + tl.arange(0, BLOCK_N)  # [BN]
-        b_k = load_rows(desc_k, k_base, n_start, stride_kn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, True)
-        b_v = load_rows(desc_v, v_base, n_start, stride_vn, b, hkv, Lk, BLOCK_N, HEAD_DIM, USE_TMA, True)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # [BM, BN] raw scores
-        allowed = row_tile_mask(offs_m_abs, row_in_tile, doc_q, offs_n, n_start, 0, None, DOC_ROW, Lk,
-                                band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows, slot, lb, lh,
-                                MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE, BLOCK_Q, BLOCK_K, BLOCK_N,
-                                False, HAS_SINKS, HAS_DOC, False, USE_FN)  # [BM, BN]
-        allowed = allowed | (full & (offs_n < Lk))[None, :]
-        b_s = tl.where(allowed, b_s * scale_log2, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(b_s, b_v, m_i, l_i, acc, DOT_PRECISION)
     return acc, m_i, l_i
 
 
@@ -199,35 +163,26 @@ def _fwd_task(Q, K, V, O, LSE, desc_q, desc_k, desc_v, stride_qb, stride_qh, str
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-    # ---- the row's tiles: one warp-specialised loop, or partial tiles (token mask) then full ones (no mask) ---
-    if WARP_SPEC and USE_TMA and not USE_BITS and not HAS_ROW_SLOT:  # the op sets WARP_SPEC where it compiles
-        acc, m_i, l_i = _fwd_tiles_one_loop(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn,
-                                            b, hkv, KV_COUNT, KV_INDEX, FULL_COUNT, FULL_INDEX, row, W, FW, slot_lo,
-                                            slot_hi, offs_m_abs, row_in_tile, doc_q, DOC_ROW, Lk, scale_log2,
-                                            band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW, rs_rows, lb, lh,
-                                            MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
-                                            BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, HAS_SINKS, HAS_DOC,
-                                            USE_TMA, DOT_PRECISION, USE_FN)
+    # ---- partial tiles (token mask), then full tiles (no mask work) --------------------------------------
+    if SPLIT:  # the task's slots past this head's partial list are its full tiles
+        kv_n = tl.load(KV_COUNT + row)
+        full_lo = tl.maximum(slot_lo - kv_n, 0)
+        full_hi = slot_hi - kv_n
     else:
-        if SPLIT:  # the task's slots past this head's partial list are its full tiles
-            kv_n = tl.load(KV_COUNT + row)
-            full_lo = tl.maximum(slot_lo - kv_n, 0)
-            full_hi = slot_hi - kv_n
-        else:
-            full_lo = 0
-            full_hi = FW
-        acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-                                   KV_COUNT, KV_INDEX, row, W, slot_lo, slot_hi, offs_m_abs, row_in_tile, doc_q,
-                                   DOC_ROW, BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
-                                   rs_rows, lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
-                                   BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, True, USE_BITS, HAS_SINKS, HAS_DOC,
-                                   HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, USE_FN)
-        acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
-                                   FULL_COUNT, FULL_INDEX, row, FW, full_lo, full_hi, offs_m_abs, row_in_tile, doc_q,
-                                   DOC_ROW, BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
-                                   rs_rows, lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
-                                   BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, False, USE_BITS, HAS_SINKS, HAS_DOC,
-                                   HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, USE_FN)
+        full_lo = 0
+        full_hi = FW
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
+                               KV_COUNT, KV_INDEX, row, W, slot_lo, slot_hi, offs_m_abs, row_in_tile, doc_q,
+                               DOC_ROW, BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
+                               rs_rows, lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                               BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, True, USE_BITS, HAS_SINKS, HAS_DOC,
+                               HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC, USE_FN)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, b_q, desc_k, desc_v, k_base, v_base, stride_kn, stride_vn, b, hkv,
+                               FULL_COUNT, FULL_INDEX, row, FW, full_lo, full_hi, offs_m_abs, row_in_tile, doc_q,
+                               DOC_ROW, BITS, Lk, scale_log2, band_lo, band_hi, sink_n, sink_lo, sink_hi, RS_ROW,
+                               rs_rows, lb, lh, MASK_FN, CAP0, CAP1, CAP2, CAP3, CAP_SHAPE,
+                               BLOCK_Q, BLOCK_K, BLOCK_M, BLOCK_N, HEAD_DIM, False, USE_BITS, HAS_SINKS, HAS_DOC,
+                               HAS_ROW_SLOT, EVEN_K, USE_TMA, DOT_PRECISION, WARP_SPEC, USE_FN)
 
     # ---- one normalisation; empty rows give O = 0 and LSE = -inf -------------------------------------------
     b_o, b_lse = finalize(m_i, l_i, acc)

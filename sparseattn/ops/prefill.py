@@ -70,25 +70,16 @@ def _static_kwargs(q, k, v, o, layout: BlockLayout, scale: float, cfg: FwdConfig
     Hkv, Lk = k.shape[1], k.shape[2]
     order = L.row_order(layout, cfg.block_m)
     persistent = cfg.split is not None and cfg.persistent
-    masks = L.mask_kwargs(layout, B)
     kwargs = L.Static(
         **L.strides("q", q, "m"), **L.strides("k", k, "n"), **L.strides("v", v, "n"), **L.strides("o", o, "m"),
         KV_COUNT=layout.kv_count, KV_INDEX=layout.kv_index, FULL_COUNT=layout.full_count,
-        FULL_INDEX=layout.full_index, ROW_ORDER=order, **masks,
+        FULL_INDEX=layout.full_index, ROW_ORDER=order, **L.mask_kwargs(layout, B),
         Hq=Hq, **L.head_kwargs(layout, Hq, Hkv), n_qtiles=layout.nq, W=layout.width, FW=layout.full_width,
         Lq=Lq, Lk=Lk, q_offset=layout.q_offset, scale_log2=scale * LOG2E,
         HEAD_DIM=D, BLOCK_Q=layout.block_q, BLOCK_K=layout.block_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         **(S.PLAIN if cfg.split is None else {}),
-        WARP_SPEC=cfg.warp_specialize and not persistent and warp_specializes(masks),
+        WARP_SPEC=cfg.warp_specialize and not persistent and not _runtime.is_interpreter(),
         num_warps=cfg.num_warps)
     return dict(kwargs=kwargs, grid=(order.numel(), B * Hq),
                 tma=L.tma_allowed(cfg.tma, q.device, in_interpreter=True),
                 small=L.too_small_for_tma("fwd", cfg.tma, layout, q))
-
-
-def warp_specializes(masks: dict) -> bool:
-    """Whether the forward's warp-specialised loop takes a layout with these mask arguments. Triton 3.6's
-    Hopper pass aborts on a loop that loads a tensor of pointers (document ids, a compiled mask's captured
-    tables), and the bits and member paths index tables of partial tiles only, so those layouts keep the
-    two-loop walk whatever the config asks (``FwdConfig.warp_specialize`` is a tuning hint)."""
-    return all(masks[name] is None for name in ("BITS", "DOC", "ROW_SLOT", "CAP0"))

@@ -47,30 +47,6 @@ def test_real_sizes_against_fp64_reference(name, D, dtype):
     assert (lse.double()[fin] - ref_lse[fin]).abs().max().item() < 1e-2
 
 
-
-@pytest.mark.parametrize("cfg", [(128, 128, 2), (128, 64, 3)])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("name", ["causal", "window1024", "sinks64+window1024", "dilated", "block_random",
-                                  "documents", "user_fn"])
-def test_warp_specialized_forward_against_fp64_reference(name, D, cfg):
-    """``FwdConfig(warp_specialize=True)`` at 4 warps: the one-loop walk Triton splits into producer and
-    consumer warp groups (documents keep two loops), bf16 at real tiles, against fp64."""
-    from sparseattn.ops import FwdConfig
-    torch.manual_seed(0)
-    L, H = 3000, 4
-    layout = BlockLayout.from_mask_mod(_patterns(L)[name], L, L, 128, 128, device="cuda")
-    q, k, v = (torch.randn(1, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = torch.full_like(q, float("nan"))
-    config = FwdConfig(block_m=cfg[0], block_n=cfg[1], num_warps=4, num_stages=cfg[2], tma=True,
-                       warp_specialize=True)
-    o, lse = sa.sparse_attention(q, k, v, layout, return_lse=True, out=out, config=config)
-    ref_o, ref_lse = sa.reference_attention(q, k, v, layout.to_dense(), return_lse=True)
-    assert not torch.isnan(o).any()
-    assert _rel(o, ref_o) < TOL[torch.bfloat16], _rel(o, ref_o)
-    fin = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), fin)
-    assert (lse.double()[fin] - ref_lse[fin]).abs().max().item() < 1e-2
-
 def test_gqa_and_chunked_prefill_bf16():
     torch.manual_seed(1)
     Lq, Lk, Hq, Hkv, D = 1000, 4100, 8, 2, 128
