@@ -27,7 +27,10 @@ class FwdConfig:
     tiles), Triton's ``num_warps``/``num_stages``. ``tma=None`` uses tensor descriptors (TMA) where the GPU and
     the strides allow, except in eager calls too small to pay their host cost (fewer visited tile pairs than
     :data:`sparseattn.ops._launch.TMA_MIN_PAIRS`; a CUDA-graph capture always takes them); ``True`` always,
-    ``False`` never. ``warp_specialize`` turns on Triton's producer/consumer warp specialisation.
+    ``False`` never. ``warp_specialize`` passes Triton's producer/consumer flag to the tile loops. With Triton
+    3.6 on Hopper it changes nothing at 8 warps (the pass partitions only 4-warp kernels) and aborts the
+    compile at 4 (the kernel has two loops); a one-loop forward built for it never returned on the H200, and
+    the pass's output for a minimal attention loop was wrong there (``book/data/bench/checks/ws-probe.py``).
 
     ``split``: ``None`` (default) runs one program per query sub-tile over its whole row, longest row first;
     an int runs tasks of at most that many listed tiles (longer rows are split, their chunks' partial states
