@@ -102,10 +102,10 @@ _GROUPS = {
     ("sparseattn", "layout"): "index/layout", ("sparseattn", "transpose"): "index/transpose",
 }
 #: The bench files the calibration reads (the main runs; sweep and re-check files repeat these points). The
-#: decode and layout runs the packaged record was fitted on were later re-recorded (a read ceiling, the fused
-#: transpose); the fit keeps reading the runs it was made from (the same bytes, under the names they now have).
+#: decode runs the packaged record was fitted on were later re-recorded (a read ceiling); the fit keeps reading
+#: the runs it was made from. The layout build is fitted on the current layout suite (its kernels changed).
 FILES = ("prefill-h200.json", "backward-h200.json", "decode_keep-h200.json", "decode-sweep-h200.json",
-         "checks/layout-sort-transpose-h200.json", "versus-h200.json")
+         "layout-h200.json", "versus-h200.json")
 #: Rows of a file that a later recording of the same kernels replaces, by file: the implementations whose
 #: rows there are ``"superseded"`` (neither fitted nor evaluated), and why. Our backward changed after
 #: ``backward-h200.json`` (TMA in both passes, per-pass configs, the dQ pass beside the dK/dV pass); its
