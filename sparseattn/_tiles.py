@@ -4,6 +4,7 @@ first, cells only for undecided tiles, in chunks so memory never grows with ``Lq
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Optional
 
 import torch
@@ -383,10 +384,28 @@ _CLASSIFY_KERNEL: Optional[bool] = None  # None: the kernel on CUDA devices, tor
 #: lookup (1.32: the bounds cannot see into the table, so every cell of the empty tiles is evaluated), at
 #: 131k (1M tiles) 1.2-18 but for sinks + window (0.47).
 RULE_MASKS_WHOLE_GRID_BELOW: Optional[int] = 1 << 17
-#: ... and a rule mask that reads a captured table (document ids, a block table) only up to this many cells:
-#: the block table lost at 32k (1G cells) and won at 8k (67M); documents won at both, but keep their rule
-#: at 32k under this bound (0.39 there: a table's cost depends on the table, the bound follows the loss).
-RULE_TABLE_MASKS_WHOLE_GRID_CELLS = 1 << 28
+#: ... and only while the kernel would evaluate at most this many cells one by one: those of the tiles its
+#: compiled bounds leave undecided (:func:`open_cells`; the bounds know nothing of a captured table's entries
+#: nor see through a hash). Same record, whole grid / rule at N = 32k: dilated 4 in a causal mask (2^29 open
+#: cells) 0.27, documents in a causal mask (2^29) 0.39, the block-random hash (2^30, no tile decided) 1.32;
+#: at 8k every rule pattern won (at most 2^26).
+RULE_MASKS_WHOLE_GRID_CELLS = 3 << 28
+_OPEN_CELLS: dict = {}
+
+
+def open_cells(compiled, mask_mod, grid: TileGrid) -> int:
+    """Cells the whole-grid classification kernel evaluates one by one for ``mask_mod`` (``compiled`` its
+    compiled form) on ``grid``: those of the tiles the traced bounds (:func:`sparseattn.maskc.tile_bounds`,
+    which, like the kernel's, treat a captured table's entries as unknown) leave undecided. They follow from
+    the traced expression and the grid, not from a table's values, so the count is computed once per
+    expression and grid, on the CPU (0.7 ms for a causal mask of documents at 32k, then a dictionary lookup)."""
+    from . import maskc
+    key = (compiled.key, grid.q_start, grid.q_len, grid.kv_len, grid.block_q, grid.block_k, grid.B, grid.H)
+    if key not in _OPEN_CELLS:
+        bounds = maskc.tile_bounds(mask_mod, dataclasses.replace(grid, device=torch.device("cpu")))
+        undecided = bounds.any_hi & ~bounds.all_lo
+        _OPEN_CELLS[key] = int(undecided.sum()) * grid.block_q * grid.block_k
+    return _OPEN_CELLS[key]
 
 
 @contextlib.contextmanager
@@ -429,10 +448,10 @@ def classify(mask_mod, grid: TileGrid, listed: Optional[torch.Tensor], use_kerne
     if whole and listed is None and use_kernel:
         # a rule mask that does not compile keeps its rule quietly (it warns below only if tiles stay open)
         compiled = compiled_mask_for(mask_mod, grid, warn=not has_rule)
-        # a rule mask that reads a captured table: its entries are unknown to the kernel's bounds, so the
-        # kernel may evaluate every cell; the whole grid only while the cells are few
-        few = not (has_rule and compiled is not None and compiled.captures) or \
-            n_tiles * grid.block_q * grid.block_k <= RULE_TABLE_MASKS_WHOLE_GRID_CELLS
+        # a rule mask goes whole only while the kernel's bounds leave few cells open (a plain lambda has no
+        # rule to fall back on)
+        few = not has_rule or compiled is None or \
+            open_cells(compiled, mask_mod, grid) <= RULE_MASKS_WHOLE_GRID_CELLS
         if compiled is not None and few:  # every tile to the kernel, no list of them
             any_, all_, _ = _mask_tiles_launch(compiled, None, None, None, None, grid.q_start, grid.q_len,
                                                grid.kv_len, grid.block_q, grid.block_k, cells=False,

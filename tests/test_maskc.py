@@ -428,28 +428,46 @@ def test_a_mask_without_a_rule_sends_every_tile_to_the_kernel_unlisted(monkeypat
 
 
 @pytest.mark.parametrize("gate, cells, whole", [(1 << 17, 1 << 28, True), (None, 1 << 28, False),
-                                                 (16, 1 << 28, False), (1 << 17, 1000, "no table")])
+                                                 (16, 1 << 28, False), (1 << 17, 40000, "window only")])
 def test_rule_masks_go_to_the_kernel_whole_on_small_grids(monkeypatch, gate, cells, whole):
     """A mask with a tile rule below ``RULE_MASKS_WHOLE_GRID_BELOW`` tiles skips its rule (one launch over the
-    whole grid); at or above it, or with the gate off, the rule decides first and the kernel gets the listed
-    undecided tiles; a rule mask that reads a captured table goes whole only up to
-    ``RULE_TABLE_MASKS_WHOLE_GRID_CELLS`` cells. Every way, the classes are the torch path's."""
+    whole grid) while the kernel's bounds leave at most ``RULE_MASKS_WHOLE_GRID_CELLS`` cells open; at or
+    above the gate, with it off, or with more cells open (the document ids are unknown to the bounds), the
+    rule decides first and the kernel gets the listed undecided tiles. Every way, the classes are the torch
+    path's."""
     seen = []
     real = T._mask_tiles_launch
     monkeypatch.setattr(T, "_mask_tiles_launch", lambda *a, **k: seen.append(k.get("whole_grid")) or real(*a, **k))
     monkeypatch.setattr(T, "RULE_MASKS_WHOLE_GRID_BELOW", gate)
-    monkeypatch.setattr(T, "RULE_TABLE_MASKS_WHOLE_GRID_CELLS", cells)
+    monkeypatch.setattr(T, "RULE_MASKS_WHOLE_GRID_CELLS", cells)
     ids = torch.tensor([0] * 70 + [1] * 60 + [2] * 70)
     grid = TileGrid(0, 200, 200, 32, 32, 1, 2, torch.device("cpu"))  # 1 x 2 x 7 x 7 tiles
-    for mm, table in ((P.and_masks(P.causal(), P.sliding_window(50)), False),
-                      (P.and_masks(P.causal(), P.document(ids)), True)):
+    for mm, name, open_ in ((P.and_masks(P.causal(), P.sliding_window(50)), "window", 34816),
+                            (P.and_masks(P.causal(), P.document(ids)), "documents", 57344)):
         seen.clear()
         got = T.classify(mm, grid, None, use_kernel=True)
-        goes_whole = whole is True or (whole == "no table" and not table)
+        goes_whole = whole is True or (whole == "window only" and name == "window")
         assert (seen == [(1, 2, 7, 7)]) == goes_whole and all(s is None for s in seen[goes_whole:])
+        if gate is not None and gate > 16:  # the open cells: the partial or undecided tiles' cells, 1024 a tile
+            assert T.open_cells(T.compiled_mask_for(mm, grid), mm, grid) == open_
         want = T.classify(mm, grid, None, use_kernel=False)
         assert want[0].any() and want[1].any()
         assert all(torch.equal(x, y) for x, y in zip(got, want))
+
+
+def test_open_cells_do_not_depend_on_a_tables_values():
+    """The count is cached per traced expression and grid: it must be the same for any document ids (the
+    bounds treat a captured table's entries as unknown), and a hash decides no tile."""
+    grid = TileGrid(0, 256, 256, 32, 32, 1, 1, torch.device("cpu"))
+    counts = set()
+    for seed in range(3):
+        ids = torch.sort(torch.randint(0, 4, (256,), generator=torch.Generator().manual_seed(seed))).values
+        mm = P.and_masks(P.causal(), P.document(ids))
+        T._OPEN_CELLS.clear()
+        counts.add(T.open_cells(T.compiled_mask_for(mm, grid), mm, grid))
+    assert counts == {36 * 1024}  # the 36 tiles on and below the diagonal of 8 x 8
+    hashed = P.block_random(0.3, 32, seed=1)
+    assert T.open_cells(T.compiled_mask_for(hashed, grid), hashed, grid) == 64 * 1024
 
 
 # ---- the tile bounds inside the classification kernel ----------------------------------------------------------------
