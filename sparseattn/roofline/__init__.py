@@ -84,7 +84,7 @@ Predicted / measured on the evaluation points::
     decode, CUDA graph (ours)             10    1.05   1.01   1.50      70%
     decode, eager (ours)                  16    0.98   0.63   1.30      62%
     decode (cuDNN)                         7    0.97   0.97   0.98     100%
-    layout build + transpose              14    0.32   0.17   0.65       7%
+    layout build + transpose              14    0.28   0.17   0.88      14%
     crossover sweep: ours, device        120    1.03   0.96   1.11      96%
     crossover sweep: Flex, cuDNN, device 119    0.95   0.79   1.08      96%
     crossover sweep: ours, eager         101    1.04   0.92   2.26      75%
@@ -110,18 +110,18 @@ Outside +-25%::
     sparseattn decode keep0.30 N=131072 B=1 ps=16 eager   0.63
     sparseattn decode keep0.50 N=131072 B=1 ps=16 eager   0.59
     sparseattn transpose causal N=131072                  0.23
-    sparseattn layout window1024 N=131072                 0.67
-    sparseattn transpose window1024 N=131072              0.61
-    sparseattn layout sinks64+window1024 N=131072         0.28
-    sparseattn transpose sinks64+window1024 N=131072      0.61
-    sparseattn layout dilated4&causal N=131072            0.31
+    sparseattn transpose window1024 N=131072              0.60
+    sparseattn layout sinks64+window1024 N=131072         0.22
+    sparseattn transpose sinks64+window1024 N=131072      0.59
+    sparseattn layout dilated4&causal N=131072            0.29
     sparseattn transpose dilated4&causal N=131072         0.17
-    sparseattn layout documents&causal N=131072           0.51
-    sparseattn transpose documents&causal N=131072        0.34
-    sparseattn layout block_random10% N=131072            0.47
-    sparseattn transpose block_random10% N=131072         0.29
-    sparseattn layout arbitrary(no rule) N=131072         0.15
-    ... and 58 more (python -m sparseattn.roofline accuracy)
+    sparseattn layout documents&causal N=131072           0.25
+    sparseattn transpose documents&causal N=131072        0.31
+    sparseattn layout block_random10% N=131072            0.67
+    sparseattn transpose block_random10% N=131072         0.28
+    sparseattn layout arbitrary(no rule) N=131072         0.12
+    sparseattn transpose arbitrary(no rule) N=131072      0.17
+    ... and 57 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
 
@@ -140,8 +140,8 @@ Why those fail:
   is over-predicted. A measured launch latency (``Ceilings.launch_us``) would pin it.
 * eager decode: the host issues each call in 66-176 us, varying from point to point within one run; a single
   host time per call cannot follow it (the graph replays of the same points are predicted).
-* layout builds and transposes: the build's term is one constant fitted at 32k (0.66 ms; the seven builds
-  there took 0.33-2.06 ms), and the builds at 131k took 0.87-6.76x of it (0.57-4.44 ms). Below 2^17 tiles a
+* layout builds and transposes: the build's term is one constant fitted at 32k (0.54 ms; the seven builds
+  there took 0.31-0.77 ms), and the builds at 131k took 0.95-8.04x of it (0.51-4.36 ms). Below 2^17 tiles a
   build classifies every tile in one kernel, above it the mask's tile rule decides most tiles first, so the
   cost changes form with the size; the model has no term for which path a build takes.
 
