@@ -209,10 +209,13 @@ def launch_kernel(kernel, grid: tuple, kwargs: dict, fast_launch: bool = True):
 
 def tma_ok(*tensors) -> bool:
     """Tensor descriptors need 16-byte aligned bases and strides (and a unit last stride)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors) and tma_strides_ok(*tensors)
+
+
+def tma_strides_ok(*tensors) -> bool:
+    """:func:`tma_ok` less the base addresses: a unit last stride and 16-byte aligned other strides."""
     for t in tensors:
-        if t.stride(-1) != 1 or t.data_ptr() % 16:
-            return False
-        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+        if t.stride(-1) != 1 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return False
     return True
 

@@ -87,3 +87,18 @@ def test_trusted_tensor_descriptors_equal_tritons_validated_ones(rows, head_dim)
     assert isinstance(got, TensorDescriptor) and got == want and got.base is t
     with pytest.raises(ValueError, match="power of 2"):
         L.tensor_descriptors(head_dim, q=(t, 48))
+
+
+def test_a_call_checks_its_bases_the_plan_its_strides():
+    """A launch plan is keyed by its tensors' strides, so ``plan_tma`` checks them once and ``call_tma`` only
+    the bases: a view one element into its storage (same strides) is refused per call, a stride that is not a
+    multiple of 16 bytes when the plan is built."""
+    from sparseattn.ops import _launch as L
+    buf = torch.randn(2 * 40 * 64 + 1, dtype=torch.bfloat16)
+    q = buf[:-1].view(1, 2, 40, 64)
+    shifted = buf[1:].view(1, 2, 40, 64)  # same strides, base 2 bytes off
+    plan = {"tma": L.plan_tma(True, q.device, True, q, q), "small": False}
+    assert plan["tma"] and L.call_tma(plan, q, q) and not L.call_tma(plan, shifted, q)
+    assert not L.call_tma(plan, q, shifted) and L.tma_ok(q) and not L.tma_ok(shifted)
+    odd = torch.randn(1, 2, 40, 65, dtype=torch.bfloat16)[..., :64]  # row stride 130 bytes
+    assert not L.plan_tma(True, q.device, True, q, odd) and not L.tma_ok(odd)

@@ -11,7 +11,7 @@ import torch
 
 from .. import _runtime, maskc
 from .. import _fast_launch
-from .._tiles import tma_ok  # noqa: F401 - its home is _tiles (routing, below ops, uses it too)
+from .._tiles import tma_ok, tma_strides_ok  # noqa: F401 - their home is _tiles (routing, below ops, uses tma_ok)
 from ..layout import BlockLayout
 from ..predicates import Predicate, kernel_predicate
 
@@ -337,15 +337,22 @@ def too_small_for_tma(pass_: str, tma: Optional[bool], layout: BlockLayout, q: t
     return pairs < TMA_MIN_PAIRS[pass_]
 
 
+def plan_tma(tma: Optional[bool], device, in_interpreter: bool, *tensors: torch.Tensor) -> bool:
+    """A launch plan's ``"tma"``: :func:`tma_allowed`, and the strides of ``tensors`` fit tensor descriptors
+    (:func:`tma_ok` less the base address). A plan is keyed by its tensors' strides and dtype, so a call need
+    only check its base addresses (:func:`call_tma`)."""
+    return tma_allowed(tma, device, in_interpreter) and tma_strides_ok(*tensors)
+
+
 def call_tma(plan: dict, q: torch.Tensor, *tensors: torch.Tensor) -> bool:
-    """Whether this call loads through tensor descriptors: its plan allows them (``plan["tma"]``) and is not
-    too small for them (``plan["small"]``) unless a CUDA graph is being captured (a replay has no host work
-    to pay), and its tensors are aligned for them (checked at every call)."""
+    """Whether this call loads through tensor descriptors: its plan allows them (``plan["tma"]``, strides
+    included) and is not too small for them (``plan["small"]``) unless a CUDA graph is being captured (a replay
+    has no host work to pay), and its tensors' bases are 16-byte aligned (checked at every call)."""
     if not plan["tma"]:
         return False
     if plan["small"] and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
-    return tma_ok(q, *tensors)
+    return q.data_ptr() % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def tensor_descriptors(head_dim: int, **tiles) -> dict:

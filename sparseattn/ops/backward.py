@@ -387,7 +387,7 @@ def _static_kwargs(q, k, v, do, o, dk, dv, dq, layout: BlockLayout, scale: float
         per_head = n_items + heads["group"] * n_dq_m
         fused_grid = (per_head, B * Hkv) if order is None else (order.numel(),)
     delta_m = 64
-    tma = L.tma_allowed(cfg.tma, q.device, in_interpreter=False)  # the interpreter keeps pointers unless asked
+    tma = L.plan_tma(cfg.tma, q.device, False, q, k, v, do)  # the interpreter keeps pointers unless asked
     return dict(plan=plan, tma=tma, small=L.too_small_for_tma("bwd", cfg.tma, layout, q), dkdv=dkdv,
                 dkdv_grid=(plan.work.shape[0], B * Hkv), dq=dq_kw, fused=fused, fused_grid=fused_grid,
                 reduce=reduce, reduce_grid=(plan.reduce.shape[0], B * Hkv, D // block_d),

@@ -81,5 +81,5 @@ def _static_kwargs(q, k, v, o, layout: BlockLayout, scale: float, cfg: FwdConfig
         WARP_SPEC=cfg.warp_specialize and not persistent and not _runtime.is_interpreter(),
         num_warps=cfg.num_warps)
     return dict(kwargs=kwargs, grid=(order.numel(), B * Hq),
-                tma=L.tma_allowed(cfg.tma, q.device, in_interpreter=True),
+                tma=L.plan_tma(cfg.tma, q.device, True, q, k, v),
                 small=L.too_small_for_tma("fwd", cfg.tma, layout, q))
