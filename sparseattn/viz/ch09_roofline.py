@@ -427,7 +427,7 @@ def tail_points(family: str = "window", pass_: str = "fwd", grid=(1024, 2048, 40
 def tail_figure(points: List[dict], title: str = "") -> go.Figure:
     """Launch and last-wave tail as shares of the predicted time, against N."""
     fig = go.Figure()
-    for key, name, color in (("launch_share", "launch (fixed per call)", "#7f7f7f"),
+    for key, name, color in (("launch_share", "launch and host excess", "#7f7f7f"),
                              ("tail_share", "last-wave tail (SMs idle while the longest programs finish)", "#ff7f0e")):
         fig.add_trace(go.Scatter(x=[p["N"] for p in points], y=[p[key] for p in points], mode="lines+markers",
                                  name=name, line=dict(color=color)))
