@@ -227,3 +227,13 @@ def test_prefill_and_backward_suites_measure_the_table_patterns(cpu_stand_ins):
         cases.prefill_layout("documents64", 32, device="cpu")
     a, b = cases.documents_ids(4096), cases.documents_ids(4096)
     assert torch.equal(a, b) and int(a.max()) == 63 and bool((a[1:] >= a[:-1]).all())
+
+
+def test_versus_caption_prints_the_cudnn_version_dotted():
+    """``torch.backends.cudnn.version()`` records 91900 for cuDNN 9.19.0; the figure caption says the latter."""
+    import re
+    from sparseattn import book
+    from sparseattn.viz.ch06_backward import versus_caption
+    doc = book.load_bench("versus")
+    v = doc.meta["cudnn"]
+    assert re.search(rf"cuDNN {v // 10000}\.{v % 10000 // 100}\.{v % 100}\b", versus_caption(doc))

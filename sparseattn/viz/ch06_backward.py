@@ -127,7 +127,10 @@ def versus_caption(doc: BenchFile, sep: str = "; ", rows=None) -> str:
     """Where, when and with which versions a ``versus`` file was measured (from its meta): the file's caption,
     then CUDA, cuDNN and sparseattn versions where recorded, then, for a merged file, which rows ran when;
     joined by ``sep``. ``rows`` (row keys) limits the times to the rows a figure shows."""
-    m = doc.meta
+    m = dict(doc.meta)
+    if isinstance(m.get("cudnn"), int):  # torch.backends.cudnn.version(): 91900 is 9.19.0
+        v = m["cudnn"]
+        m["cudnn"] = f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
     extra = ", ".join(f"{name} {m[k]}" for k, name in (("cuda", "CUDA"), ("cudnn", "cuDNN"),
                                                        ("sparseattn", "sparseattn")) if k in m)
     parts = [doc.caption()] + ([extra] if extra else [])
