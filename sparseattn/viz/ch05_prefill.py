@@ -135,7 +135,8 @@ def tile_walk_figure(pattern: str = "sinks + window", L: int = 256, block: int =
     fig.update_xaxes(title_text="query row in the tile", row=1, col=2)
     fig.update_xaxes(title_text="query row in the tile", row=2, col=2)
     fig.update_yaxes(title_text="m (score units)", range=_span([x for s in steps for x in s["m"]]), row=1, col=2)
-    fig.update_yaxes(title_text="l", range=_span([x for s in steps for x in s["l"]]), row=2, col=2)
+    fig.update_yaxes(title_text="l (sum of exp, unitless)", range=_span([x for s in steps for x in s["l"]]),
+                     row=2, col=2)
     return fig
 
 
