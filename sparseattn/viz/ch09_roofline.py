@@ -490,7 +490,8 @@ def _trust(accuracy: Optional[Dict[str, dict]], N: int) -> str:
 
 def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 0.1, dtype: str = "bf16",
                  pass_: str = "fwd", accuracy: Optional[Dict[str, dict]] = None) -> go.Figure:
-    """The model's terms (compute, memory, launch, index) for ours, FlexAttention and cuDNN on the envelope,
+    """The model's terms (compute, memory, launch; index when a layout is rebuilt per call, never here) for
+    ours, FlexAttention and cuDNN on the envelope,
     and the verdict of :func:`~sparseattn.roofline.report`, for one setting (B=1, 16 heads, D=128).
     ``accuracy``: ``{"short": summary, "long": summary}`` of :func:`~sparseattn.bench.crossover.ratio_summary`
     over the recorded sweep's rows below and from N = 8192; the title then shows the one for this N below the
@@ -503,7 +504,10 @@ def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 
     # the bars are terms, the implementations are on the x axis: colours outside COLORS, so that no term
     # reads as an implementation (red is ours, blue FlexAttention everywhere else)
     for term, color in (("compute", "#ff7f0e"), ("memory", "#17becf"), ("launch", "#bcbd22"), ("index", "#393b79")):
-        fig.add_trace(go.Bar(x=impls, y=[r.costs[i].terms[term] for i in impls], name=term, marker_color=color,
+        ys = [r.costs[i].terms[term] for i in impls]
+        if term == "index" and not any(ys):  # the layout is built once here, not per call: no bar of zeros
+            continue
+        fig.add_trace(go.Bar(x=impls, y=ys, name=term, marker_color=color,
                              hovertemplate=f"{term}: %{{y:.3g}} ms<extra></extra>"))
     fig.add_trace(go.Scatter(x=impls, y=[r.predicted[i] for i in impls], mode="markers", name="predicted total",
                              marker=dict(symbol="line-ew-open", size=30, color="black", line=dict(width=2))))
