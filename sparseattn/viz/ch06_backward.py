@@ -73,8 +73,8 @@ def backward_figure(bwd: BenchFile, fwd: BenchFile) -> go.Figure:
                              name="cuDNN backward, same work (causal or dense)"))
     fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="time (ms, median)", xaxis_title="pattern",
                       height=480, title_font_size=14, legend=dict(orientation="h", y=-0.3),
-                      title=f"Backward and forward at N = 32k<br><sup>bf16, B=1, H=16, D=128, 128-token tiles, the "
-                            f"record before TMA loads in the backward; {bwd.caption()}</sup>")
+                      title=f"Backward and forward at N = 32k<br><sup>bf16, B=1, H=16, D=128, 128-token tiles, "
+                            f"before TMA in the backward<br>{bwd.caption()}</sup>")
     return tidy_log(fig)
 
 
