@@ -304,10 +304,10 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
                          text=[f"{x:.4f}" for x in [main.get("recall")] + [rec for _, rec in drift]],
                          textposition="outside", showlegend=False), row=1, col=3)
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
-    fig.update_yaxes(title_text="share of softmax mass", range=[0, 1.02], row=1, col=2)
-    fig.update_yaxes(title_text="share of softmax mass", range=[0, 1.02], row=1, col=3)
-    fig.update_xaxes(title_text="share", title_standoff=12, tickangle=0, row=1, col=1)
-    fig.update_xaxes(title_text="share", title_standoff=12, tickangle=0, row=1, col=2)
+    fig.update_yaxes(title_text="recall (softmax mass kept)", range=[0, 1.02], row=1, col=2)
+    fig.update_yaxes(title_text="recall (softmax mass kept)", range=[0, 1.02], row=1, col=3)
+    fig.update_xaxes(title_text="selections (share=)", title_standoff=12, tickangle=0, row=1, col=1)
+    fig.update_xaxes(title_text="selections (share=)", title_standoff=12, tickangle=0, row=1, col=2)
     fig.update_xaxes(title_text="routed on", title_standoff=12, tickangle=0, row=1, col=3)
     fig.update_annotations(font_size=13)  # the subplot titles
     fig.update_layout(height=440, title_font_size=12, margin=dict(t=120),
