@@ -209,7 +209,13 @@ def launch_kernel(kernel, grid: tuple, kwargs: dict, fast_launch: bool = True):
 
 def tma_ok(*tensors) -> bool:
     """Tensor descriptors need 16-byte aligned bases and strides (and a unit last stride)."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors) and tma_strides_ok(*tensors)
+    return tma_bases_ok(*tensors) and tma_strides_ok(*tensors)
+
+
+def tma_bases_ok(*tensors) -> bool:
+    """16-byte aligned base addresses: the part of :func:`tma_ok` a call checks (a launch plan checks the
+    strides once)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def tma_strides_ok(*tensors) -> bool:
@@ -394,6 +400,7 @@ RULE_MASKS_WHOLE_GRID_BELOW: Optional[int] = 1 << 17
 #: at 8k every rule pattern won (at most 2^26).
 RULE_MASKS_WHOLE_GRID_CELLS = 3 << 28
 _OPEN_CELLS: dict = {}
+_MAX_OPEN_CELLS = 256  # kept counts; a process building many lengths starts over rather than grow
 
 
 def open_cells(compiled, mask_mod, grid: TileGrid) -> int:
@@ -407,6 +414,8 @@ def open_cells(compiled, mask_mod, grid: TileGrid) -> int:
     if key not in _OPEN_CELLS:
         bounds = maskc.tile_bounds(mask_mod, dataclasses.replace(grid, device=torch.device("cpu")))
         undecided = bounds.any_hi & ~bounds.all_lo
+        if len(_OPEN_CELLS) >= _MAX_OPEN_CELLS:
+            _OPEN_CELLS.clear()
         _OPEN_CELLS[key] = int(undecided.sum()) * grid.block_q * grid.block_k
     return _OPEN_CELLS[key]
 

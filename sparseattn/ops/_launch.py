@@ -11,7 +11,7 @@ import torch
 
 from .. import _runtime, maskc
 from .. import _fast_launch
-from .._tiles import tma_ok, tma_strides_ok  # noqa: F401 - their home is _tiles (routing, below ops, uses tma_ok)
+from .._tiles import tma_bases_ok, tma_ok, tma_strides_ok  # noqa: F401 - home: _tiles (routing uses tma_ok)
 from ..layout import BlockLayout
 from ..predicates import Predicate, kernel_predicate
 
@@ -352,7 +352,7 @@ def call_tma(plan: dict, q: torch.Tensor, *tensors: torch.Tensor) -> bool:
         return False
     if plan["small"] and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
-    return q.data_ptr() % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+    return tma_bases_ok(q, *tensors)
 
 
 def tensor_descriptors(head_dim: int, **tiles) -> dict:

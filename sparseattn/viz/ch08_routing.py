@@ -96,9 +96,9 @@ def _ms(doc: BenchFile, impl: str, pass_: str, **case) -> Optional[float]:
 
 def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
     """The step's time split at the main shape: route and attention forward for ours (its forward step
-    launches no index), route, index (BlockMask) and attention for the Flex pipeline, as stacked bars; markers for the whole step eager and from one CUDA graph; and forward +
-    backward. With ``topk``, our split at another top-k of the sweep (the Flex pipeline was measured at the
-    main top-k only)."""
+    launches no index), route, index (BlockMask) and attention for the Flex pipeline, as stacked bars;
+    markers for the whole step eager and from one CUDA graph; and forward + backward. With ``topk``, our
+    split at another top-k of the sweep (the Flex pipeline was measured at the main top-k only)."""
     m = main_case(doc)
     k = m["topk"] if topk is None else topk
     case = dict(N=m["N"], Hkv=m["Hkv"], share=m["share"])

@@ -490,9 +490,9 @@ def _trust(accuracy: Optional[Dict[str, dict]], N: int) -> str:
 
 def terms_figure(family: str = "sinks_window", N: int = 16384, density: float = 0.1, dtype: str = "bf16",
                  pass_: str = "fwd", accuracy: Optional[Dict[str, dict]] = None) -> go.Figure:
-    """The model's terms (compute, memory, launch; index when a layout is rebuilt per call, never here) for
-    ours, FlexAttention and cuDNN on the envelope,
-    and the verdict of :func:`~sparseattn.roofline.report`, for one setting (B=1, 16 heads, D=128).
+    """The model's terms (compute, memory, launch; index only when a layout is rebuilt per call, never here)
+    for ours, FlexAttention and cuDNN on the envelope, and the verdict of :func:`~sparseattn.roofline.report`,
+    for one setting (B=1, 16 heads, D=128).
     ``accuracy``: ``{"short": summary, "long": summary}`` of :func:`~sparseattn.bench.crossover.ratio_summary`
     over the recorded sweep's rows below and from N = 8192; the title then shows the one for this N below the
     verdict, so a reader sees how far to trust it."""

@@ -24,7 +24,8 @@ __all__ = ["two_baselines", "baselines_figure", "cpu_error_growth", "error_growt
            "EDGE_CASES", "edge_case_table", "bad_input_table"]
 
 #: the two baselines and the pattern's own effect, one colour each (these are comparisons, not implementations)
-BASELINE_COLORS = {"baseline 1: fp64 on the same edges": "#d62728", "baseline 2: fp64 dense causal attention": "#7f7f7f"}
+BASELINE_COLORS = {"baseline 1: fp64 on the same edges": "#d62728",
+                   "baseline 2: fp64 dense causal attention": "#7f7f7f"}
 LABELS = {Impl.OURS: "sparseattn (ours)", Impl.FLEX: "FlexAttention (compiled, same block mask)",
           Impl.CUDNN: "cuDNN (SDPA, is_causal)"}
 
