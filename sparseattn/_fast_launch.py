@@ -16,8 +16,9 @@ read, so a hit can never pick a different variant than Triton would:
   divisibility by 16 and int32 range; our heuristics read ``is None`` and values);
 * the launch options (``num_warps``, ``num_stages``, ...) and the current device.
 
-Anything else in the arguments, a launch hook set in ``triton.knobs`` (profilers use them), or the
-interpreter turns the cache off for that call. ``enabled(False)`` turns it off in a block (tests compare the
+A tensor descriptor may be passed as a :class:`Desc` (its base tensor and block): the descriptor object is
+made only when Triton binds the call. Anything else in the arguments, a launch hook set in ``triton.knobs``
+(profilers use them), or the interpreter turns the cache off for that call. ``enabled(False)`` turns it off in a block (tests compare the
 two paths bitwise; the host suite measures both).
 
 A hit calls the launcher's C entry point directly with the argument list Triton's Python launcher would build
@@ -25,6 +26,12 @@ A hit calls the launcher's C entry point directly with the argument list Triton'
 strides run per call in Python over all ~80 arguments; here the fixed arguments are expanded once, at bind
 time, and only the per-call descriptors are expanded, by Triton's own ``make_tensordesc_arg``). Kernels that
 need a scratch buffer keep Triton's launcher.
+
+A launch plan can keep one hit per launch site (:func:`direct_for`, :func:`launch_direct`): a later call with
+the same argument names skips even the key. It checks what the key holds -- each tensor's type, dtype and
+alignment, each descriptor's dtype, shape, strides and block, every other value exactly, the device -- and
+finds its tensor maps by base address. That key is most of a hit's host time (about a dozen arguments per
+call), so the plans of the prefill ops keep their hits this way.
 """
 from __future__ import annotations
 
@@ -38,10 +45,14 @@ import torch
 
 #: Off with ``SPARSEATTN_FAST_LAUNCH=0`` in the environment, or in a block with :func:`enabled`.
 _ENABLED = os.environ.get("SPARSEATTN_FAST_LAUNCH", "1") not in ("0", "")
+#: Whether launch plans keep their hits (:func:`direct_for`); off in a block with :func:`kept_hits` (the host
+#: suite's A/B).
+_KEEP_HITS = True
 _MAX_ENTRIES = 4096  # bounded: every new sequence length is a new key
 _CACHE: Dict[tuple, "_Bound"] = {}
-#: Calls served from the cache and calls bound by Triton (tests read them).
-stats = {"hits": 0, "binds": 0}
+#: Calls served from the cache (``direct``: of them, by a launch plan's kept hit) and calls bound by Triton
+#: (tests read them).
+stats = {"hits": 0, "direct": 0, "binds": 0}
 
 
 class _Bound(NamedTuple):
@@ -68,6 +79,36 @@ class _Expand(NamedTuple):
 _MAX_EXPANSIONS = 64
 
 
+class Desc(NamedTuple):
+    """A tensor descriptor to be: ``base`` loaded in boxes of ``block`` (zero padding). A hit of the cache needs
+    only the base (its address picks a kept tensor map); Triton's binding and the expansion of a new address
+    get the TensorDescriptor (:meth:`descriptor`)."""
+    base: torch.Tensor
+    block: tuple
+
+    def descriptor(self):
+        """The TensorDescriptor of ``base``, ``block``. Made without Triton's per-descriptor validation when the
+        block is of powers of two (the tile configs' and head dims' own rules) and the tensor is not empty:
+        the callers checked the tensor's strides and base (16-byte aligned, unit last stride; ``_tiles.tma_ok``),
+        and that validation repeated those checks at a third of an eager forward's host time. Anything else
+        goes through the validating constructor."""
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        t = self.base
+        shape, block = list(t.shape), list(self.block)
+        if all(n > 0 and n & (n - 1) == 0 for n in block) and min(shape) > 0:
+            d = object.__new__(TensorDescriptor)  # the dataclass's fields, as its __init__ would set them
+            d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, list(t.stride()), block, "zero"
+            return d
+        return TensorDescriptor(t, shape, list(t.stride()), block)
+
+
+def materialised(kwargs: dict) -> dict:
+    """``kwargs`` with every :class:`Desc` made into its TensorDescriptor (what Triton's binding takes)."""
+    if not any(type(v) is Desc for v in kwargs.values()):
+        return kwargs
+    return {k: v.descriptor() if type(v) is Desc else v for k, v in kwargs.items()}
+
+
 def _expansion(slot: _Expand, desc) -> list:
     """``slot.expand(desc, slot.meta)``, kept: the expansion encodes a CUDA tensor map (8-20 us of host time
     per call for the forward's three descriptors, more for the backward's eight) from the base address,
@@ -75,10 +116,13 @@ def _expansion(slot: _Expand, desc) -> list:
     bind time). The tensor map and the ints beside it hold no reference to the tensor, so a kept expansion is
     exactly what a new encoding of a tensor at the same address, shape and strides would give, even if it is
     a different tensor."""
-    key = (desc.base.data_ptr(), *desc.shape, *desc.strides, desc.padding)
+    if type(desc) is Desc:
+        key = (desc.base.data_ptr(), *desc.base.shape, *desc.base.stride(), "zero")
+    else:
+        key = (desc.base.data_ptr(), *desc.shape, *desc.strides, desc.padding)
     found = slot.done.get(key)
     if found is None:
-        found = slot.expand(desc, slot.meta)
+        found = slot.expand(desc.descriptor() if type(desc) is Desc else desc, slot.meta)
         if len(slot.done) >= _MAX_EXPANSIONS:
             slot.done.clear()
         slot.done[key] = found
@@ -96,6 +140,7 @@ class Static(dict):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.token = next(Static._tokens)
+        self.direct: Dict[tuple, tuple] = {}  # kept hits (:class:`Direct`) by launch site, kept by its caller
 
 
 def is_enabled() -> bool:
@@ -114,6 +159,17 @@ def enabled(on: bool):
         _ENABLED = before
 
 
+@contextlib.contextmanager
+def kept_hits(on: bool):
+    """Within the block launch plans use and make kept hits (``True``) or go through the key every call."""
+    global _KEEP_HITS
+    before, _KEEP_HITS = _KEEP_HITS, bool(on)
+    try:
+        yield
+    finally:
+        _KEEP_HITS = before
+
+
 def clear() -> None:
     _CACHE.clear()
 
@@ -130,6 +186,9 @@ def _arg_key(v):
         return v
     if t is bool:
         return ("bool", v)  # True == 1 as a dict key; keep them apart
+    if t is Desc:  # the key of the TensorDescriptor it stands for: both find the same entry
+        b = v.base
+        return ("desc", b.dtype, b.data_ptr() % 16 == 0, tuple(b.shape), b.stride(), v.block, "zero")
     if t.__name__ == "TensorDescriptor":
         return ("desc", v.base.dtype, v.base.data_ptr() % 16 == 0, tuple(v.shape), tuple(v.strides),
                 tuple(v.block_shape), getattr(v, "padding", None))
@@ -164,21 +223,26 @@ def _jit_fn(kernel):
     return None
 
 
-def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Callable[[], Any]):
+def _key(kernel, device: int, static: Optional[Static], kwargs: dict) -> tuple:
+    return (id(kernel), device, None if static is None else static.token, tuple(kwargs),
+            tuple(map(_arg_key, kwargs.values())))
+
+
+def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Callable[[dict], Any]):
     """Launch ``kernel`` on ``grid`` with the arguments of ``static`` (None: none) and ``kwargs`` (the
-    per-call ones; launch options may be in either); ``slow()`` is the ordinary ``kernel[grid](**all)``
-    call, used to bind and compile on a miss."""
+    per-call ones; launch options may be in either; a descriptor may be a :class:`Desc`); ``slow(kw)`` is the
+    ordinary ``kernel[grid](**static, **kw)`` call, used to bind and compile on a miss."""
     if not _ENABLED or _hooks_set():
-        return slow()
+        return slow(materialised(kwargs))
     device = torch.cuda.current_device()
     try:
-        key = (id(kernel), device, None if static is None else static.token, tuple(kwargs),
-               tuple(map(_arg_key, kwargs.values())))
+        key = _key(kernel, device, static, kwargs)
     except _Uncacheable:
-        return slow()
+        return slow(materialised(kwargs))
     bound = _CACHE.get(key)
     if bound is None:
-        compiled = slow()
+        kwargs = materialised(kwargs)
+        compiled = slow(kwargs)
         bound = _bind(kernel, {**(static or {}), **kwargs}, kwargs, compiled)
         if bound is not None:
             if len(_CACHE) >= _MAX_ENTRIES:
@@ -188,22 +252,125 @@ def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Ca
         return compiled
     args = bound.template.copy()
     for i, name, expand in bound.slots:
-        if expand is None:
-            args[i] = kwargs[name]
-        else:
+        if expand is not None:
             args[i:i + expand.width] = _expansion(expand, kwargs[name])
+        elif bound.raw is None:  # Triton's launcher expands descriptors itself
+            v = kwargs[name]
+            args[i] = v.descriptor() if type(v) is Desc else v
+        else:
+            args[i] = kwargs[name]
+    _run(bound, grid, device, args)
+    return bound.compiled
+
+
+def _run(bound: _Bound, grid: tuple, device: int, args: list) -> None:
     g0 = grid[0]
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     c = bound.compiled
     stream = torch._C._cuda_getCurrentRawStream(device)  # what Triton's driver asks torch for
-    # no hook is registered (checked above): no launch metadata, and the launcher skips None hooks
+    # no hook is registered (checked by the callers): no launch metadata, and the launcher skips None hooks
     if bound.raw is not None:
         bound.raw(g0, g1, g2, stream, c.function, *bound.head, *args)
     else:
         c.run(g0, g1, g2, stream, c.function, c.packed_metadata, None, None, None, *args)
     stats["hits"] += 1
-    return c
+
+
+# ---- a launch site's kept hit -----------------------------------------------------------------------------------
+_TENSOR, _DESC, _VALUE = "tensor", "desc", "value"
+
+
+class _Fill(NamedTuple):
+    name: str
+    kind: str  # _TENSOR (want: dtype), _DESC (want: dtype, shape, strides, block), _VALUE (want: the value)
+    want: Any
+    position: Optional[int]  # in the raw launcher's arguments; None for a launch option (checked only)
+    expand: Optional[_Expand]  # a descriptor's expansion (metadata, width) ...
+    maps: Optional[dict]  # ... and its kept tensor maps by base address
+
+
+class Direct(NamedTuple):
+    """The cache entry one launch site's call bound, kept by the site's launch plan (:func:`direct_for`), and
+    what a later call must match to take it (:func:`launch_direct`)."""
+    bound: _Bound
+    device: int
+    fill: Tuple[_Fill, ...]
+
+
+def direct_for(kernel, static: Static, kwargs: dict) -> Optional[Direct]:
+    """After a :func:`launch` with these arguments, its cache entry as a :class:`Direct`: None when the cache is
+    off, the call was not cached, its launcher is Triton's Python one, or a tensor was not 16-byte aligned
+    (a Direct takes aligned tensors only)."""
+    if not _ENABLED or not _KEEP_HITS or _hooks_set():
+        return None
+    device = torch.cuda.current_device()
+    try:
+        bound = _CACHE.get(_key(kernel, device, static, kwargs))
+    except _Uncacheable:
+        return None
+    if bound is None or bound.raw is None:
+        return None
+    slots = {name: (i, expand) for i, name, expand in bound.slots}
+    fill = []
+    for name, v in kwargs.items():
+        position, expand = slots.get(name, (None, None))
+        if type(v) is Desc:
+            b = v.base
+            if position is None or expand is None or type(b) is not torch.Tensor or b.data_ptr() % 16:
+                return None
+            fill.append(_Fill(name, _DESC, (b.dtype, b.shape, b.stride(), v.block), position, expand, {}))
+        elif isinstance(v, torch.Tensor):
+            if position is None or type(v) is not torch.Tensor or v.data_ptr() % 16:
+                return None
+            fill.append(_Fill(name, _TENSOR, v.dtype, position, None, None))
+        elif v is None or type(v) in (bool, int, float, str):
+            fill.append(_Fill(name, _VALUE, v, position, None, None))
+        else:
+            return None
+    return Direct(bound, device, tuple(fill))
+
+
+def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
+    """Launch ``d``'s kernel with ``kwargs`` (the argument names of the call that made ``d``) if they match
+    what ``d`` was bound for, exactly as :func:`launch` would hit the same entry; else launch nothing and
+    return False (the caller takes :func:`launch`)."""
+    if not _ENABLED or not _KEEP_HITS or _hooks_set():
+        return False
+    device = torch.cuda.current_device()
+    if device != d.device:
+        return False
+    args = d.bound.template.copy()
+    for f in d.fill:
+        v = kwargs[f.name]
+        if f.kind is _TENSOR:
+            if type(v) is not torch.Tensor or v.dtype != f.want or v.data_ptr() & 15:
+                return False
+            args[f.position] = v
+        elif f.kind is _DESC:
+            if type(v) is not Desc:
+                return False
+            b = v.base
+            dtype, shape, strides, block = f.want
+            p = b.data_ptr()
+            if p & 15 or type(b) is not torch.Tensor or b.dtype != dtype or v.block != block or \
+                    b.shape != shape or b.stride() != strides:
+                return False
+            found = f.maps.get(p)
+            if found is None:  # same shape and strides: the base address alone tells two tensor maps apart
+                found = f.expand.expand(v.descriptor(), f.expand.meta)
+                if len(f.maps) >= _MAX_EXPANSIONS:
+                    f.maps.clear()
+                f.maps[p] = found
+            args[f.position:f.position + f.expand.width] = found
+        else:
+            if type(v) is not type(f.want) or v != f.want:
+                return False
+            if f.position is not None:
+                args[f.position] = v
+    _run(d.bound, grid, device, args)
+    stats["direct"] += 1
+    return True
 
 
 def _bind(kernel, every: dict, per_call: dict, compiled) -> Optional[_Bound]:

@@ -204,7 +204,7 @@ def launch_kernel(kernel, grid: tuple, kwargs: dict, fast_launch: bool = True):
     from .kernels import BACKEND  # the backend the kernels were defined for (as the callers' checks read it)
     if not fast_launch or BACKEND == "interpreter":
         return kernel[grid](**kwargs)
-    return _fast_launch.launch(kernel, grid, None, kwargs, lambda: kernel[grid](**kwargs))
+    return _fast_launch.launch(kernel, grid, None, kwargs, lambda kw: kernel[grid](**kw))
 
 
 def tma_ok(*tensors) -> bool:

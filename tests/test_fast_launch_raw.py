@@ -65,11 +65,11 @@ def test_raw_entry_gets_tritons_argument_list(monkeypatch, metas):
     a1, b1, a2 = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
     static = F.Static(X=x, n=5, FLAG=True, desc_b=_desc(b1, 16))
     kernel = object()
-    F.launch(kernel, (3, 2), static, dict(desc_a=_desc(a1, 16), Y=y), lambda: compiled)  # binds
+    F.launch(kernel, (3, 2), static, dict(desc_a=_desc(a1, 16), Y=y), lambda kw: compiled)  # binds
     bound = next(iter(F._CACHE.values()))
     assert bound.raw is not None
     calls.clear()
-    F.launch(kernel, (3, 2), static, dict(desc_a=_desc(a2, 16), Y=x), lambda: pytest.fail("must hit"))
+    F.launch(kernel, (3, 2), static, dict(desc_a=_desc(a2, 16), Y=x), lambda kw: pytest.fail("must hit"))
     ours = calls.pop()
     # what Triton's own launcher hands the entry point for the same arguments
     compiled.run(3, 2, 1, 77, 1234, (4, 1, 0), None, None, None, x, _desc(a2, 16), 5, True, _desc(b1, 16), x)
@@ -105,14 +105,71 @@ def test_kept_expansions_are_the_ones_a_new_encoding_gives(monkeypatch):
     b1, a1, a2 = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
     static = F.Static(X=x, n=5, FLAG=True, desc_b=_desc(b1, 16))
     kernel = object()
-    F.launch(kernel, (1,), static, dict(desc_a=_desc(a1, 16), Y=x), lambda: compiled)  # binds
+    F.launch(kernel, (1,), static, dict(desc_a=_desc(a1, 16), Y=x), lambda kw: compiled)  # binds
     for t, new_fill in ((a2, True), (a2, False), (a1, True), (a1, False), (a2, False)):
         before = len(fills)
-        F.launch(kernel, (1,), static, dict(desc_a=_desc(t, 16), Y=x), lambda: pytest.fail("must hit"))
+        F.launch(kernel, (1,), static, dict(desc_a=_desc(t, 16), Y=x), lambda kw: pytest.fail("must hit"))
         assert len(fills) - before == int(new_fill)
         ours = calls.pop()
         compiled.run(1, 1, 1, 77, 1234, (4, 1, 0), None, None, None, x, _desc(t, 16), 5, True, _desc(b1, 16), x)
         theirs = calls.pop()
         assert [g for g in ours if not isinstance(g, torch.Tensor)] == \
             [w for w in theirs if not isinstance(w, torch.Tensor)]
+    F.clear()
+
+
+def test_a_kept_hit_matches_the_key_it_skips(monkeypatch):
+    """A launch plan's kept hit (``direct_for`` / ``launch_direct``) hands the launcher the list Triton's own
+    launcher builds for the new call, encodes a tensor map once per base address, and refuses (launches
+    nothing, returns False) every call whose key would differ: another dtype, an unaligned base, another
+    shape or block, another value or launch option, the cache switched off."""
+    import triton
+    fills = []
+
+    class _Counting(_FakeDriver):
+        class utils:
+            @staticmethod
+            def fill_tma_descriptor(*args):
+                fills.append(args)
+                return _FakeDriver.utils.fill_tma_descriptor(*args)
+    monkeypatch.setattr(triton.runtime.driver, "_active", _Counting())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+    metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 16, 32], "fp4_padded": False}] * 2
+    calls = []
+    fn, compiled = _kernel_and_launcher(metas, calls)
+    monkeypatch.setattr(F, "_jit_fn", lambda kernel: (None, fn))
+    F.clear()
+    x, y = torch.zeros(4), torch.zeros(4)
+    a1, a2, b1 = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
+    lazy = lambda t, rows=16: F.Desc(t, (1, 1, rows, 32))  # noqa: E731
+    static = F.Static(X=x, n=5, FLAG=True, desc_b=_desc(b1, 16))
+    kernel = object()
+    F.launch(kernel, (3, 2), static, dict(desc_a=lazy(a1), Y=y, num_stages=2), lambda kw: compiled)  # binds
+    d = F.direct_for(kernel, static, dict(desc_a=lazy(a1), Y=y, num_stages=2))
+    assert d is not None
+    for t, new_fill in ((a2, True), (a2, False), (a1, True)):
+        calls.clear()
+        before = len(fills)
+        assert F.launch_direct(d, (3, 2), dict(desc_a=lazy(t), Y=x, num_stages=2))
+        assert len(fills) - before == int(new_fill)
+        ours = calls.pop()
+        compiled.run(3, 2, 1, 77, 1234, (4, 1, 0), None, None, None, x, _desc(t, 16), 5, True, _desc(b1, 16), x)
+        theirs = calls.pop()
+        assert len(ours) == len(theirs)
+        for got, want in zip(ours, theirs):
+            assert got is want if isinstance(want, torch.Tensor) else got == want
+    odd = torch.randn(2 * 64 * 32 + 1, dtype=torch.bfloat16)[1:].view(1, 2, 64, 32)
+    refused = [dict(desc_a=lazy(a2.half()), Y=x, num_stages=2), dict(desc_a=lazy(odd), Y=x, num_stages=2),
+               dict(desc_a=lazy(torch.randn(1, 2, 48, 32, dtype=torch.bfloat16)), Y=x, num_stages=2),
+               dict(desc_a=lazy(a2, 32), Y=x, num_stages=2), dict(desc_a=lazy(a2), Y=x.double(), num_stages=2),
+               dict(desc_a=lazy(a2), Y=torch.zeros(5)[1:], num_stages=2), dict(desc_a=lazy(a2), Y=x, num_stages=3),
+               dict(desc_a=_desc(a2, 16), Y=x, num_stages=2)]
+    calls.clear()
+    for kw in refused:
+        assert not F.launch_direct(d, (3, 2), kw), kw
+    for off in (F.enabled(False), F.kept_hits(False)):
+        with off:
+            assert not F.launch_direct(d, (3, 2), dict(desc_a=lazy(a2), Y=x, num_stages=2))
+    assert calls == []
     F.clear()

@@ -62,8 +62,8 @@ def test_cached_launch_replays_the_arguments_triton_would_bind(monkeypatch, tmp_
     assert (dkdv[2], dkdv[3]["num_warps"], dq[2], dq[3]["num_warps"]) == (1, 4, 2, 2)
     for call, rows_q, rows_k in ((dkdv, 32, 64), (dq, 64, 32)):
         d = call[4]
-        assert [list(d[f"desc_{n}"].block_shape) for n in ("q", "do", "k", "v")] == \
-            [[1, 1, rows_q, 32]] * 2 + [[1, 1, rows_k, 32]] * 2
+        assert [d[f"desc_{n}"].block for n in ("q", "do", "k", "v")] == \
+            [(1, 1, rows_q, 32)] * 2 + [(1, 1, rows_k, 32)] * 2
     assert all(c[4]["desc_q"] is None for c in calls if c[0] in ("dkdv_kernel", "dq_kernel") and c not in (dkdv, dq))
     path = tmp_path / "launches.pt"
     torch.save(calls, path)
@@ -75,18 +75,22 @@ def test_cached_launch_replays_the_arguments_triton_would_bind(monkeypatch, tmp_
 
 @pytest.mark.parametrize("rows,head_dim", [(64, 128), (16, 32), (128, 64)])
 def test_trusted_tensor_descriptors_equal_tritons_validated_ones(rows, head_dim):
-    """``_launch.tensor_descriptors`` skips Triton's per-descriptor validation (its callers checked the
-    tensors with ``tma_ok``): every field equals what the validating constructor builds, and a block that is
-    not a power of two still goes through (and fails) Triton's checks."""
+    """``_launch.tensor_descriptors`` gives a ``Desc`` whose descriptor skips Triton's per-descriptor
+    validation (its callers checked the tensors with ``tma_ok``): every field equals what the validating
+    constructor builds, and a block that is not a power of two still goes through (and fails) Triton's
+    checks."""
     from triton.tools.tensor_descriptor import TensorDescriptor
+    from sparseattn import _fast_launch as F
     from sparseattn.ops import _launch as L
     t = torch.randn(2, 3, 40, head_dim).transpose(1, 2).contiguous().transpose(1, 2)  # non-trivial strides
     assert L.tma_ok(t)
-    got = L.tensor_descriptors(head_dim, q=(t, rows))["desc_q"]
+    lazy = L.tensor_descriptors(head_dim, q=(t, rows))["desc_q"]
+    got = lazy.descriptor()
     want = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim])
     assert isinstance(got, TensorDescriptor) and got == want and got.base is t
+    assert F.materialised({"desc_q": lazy, "n": 3}) == {"desc_q": want, "n": 3}
     with pytest.raises(ValueError, match="power of 2"):
-        L.tensor_descriptors(head_dim, q=(t, 48))
+        L.tensor_descriptors(head_dim, q=(t, 48))["desc_q"].descriptor()
 
 
 def test_a_call_checks_its_bases_the_plan_its_strides():

@@ -15,7 +15,9 @@ cuDNN on the pattern's causal envelope) this suite records:
   as ``.item()`` and ``nonzero``, not a driver call made by Triton).
 
 For our op it also records ``host_us_triton_binding``: the same host measurement with the cached launch path
-off (:mod:`sparseattn._fast_launch`), so every launch goes through Triton's own argument binding.
+off (:mod:`sparseattn._fast_launch`), so every launch goes through Triton's own argument binding; and
+``host_us_no_kept_hits``: with the cache on but the launch plans' kept hits off, so every launch computes
+its cache key.
 At one length it also records a ``cProfile`` of ``n`` calls: the functions with the most own
 time, in microseconds per call (``profile`` in the row), so the host path can be cut where it is spent.
 """
@@ -41,8 +43,8 @@ PATTERNS = ["window1024", "sinks64+window1024", "causal", "random10%+diag"]
 PROFILE_N = 2048  # the length whose host path is profiled function by function
 HOST_CALLS = 200  # calls per host-time measurement
 PROFILE_TOP = 15
-COLUMNS = ["pattern", "N", "pass", "ours_ms", "ours_dev_ms", "ours_host_us", "bound_host_us", "ours_launches",
-           "flex_ms", "flex_host_us", "cudnn_ms", "cudnn_host_us", "flex/ours"]
+COLUMNS = ["pattern", "N", "pass", "ours_ms", "ours_dev_ms", "ours_host_us", "keyed_host_us", "bound_host_us",
+           "ours_launches", "flex_ms", "flex_host_us", "cudnn_ms", "cudnn_host_us", "flex/ours"]
 
 
 def host_us(fn: Callable, device, calls: Optional[int] = None) -> float:
@@ -171,6 +173,8 @@ def run(args) -> tuple:
                         if impl == Impl.OURS:  # the same call with Triton binding every launch (no cache)
                             with _fast_launch.enabled(False):
                                 extra["host_us_triton_binding"] = host_us(fn, dev)
+                            with _fast_launch.kept_hits(False):
+                                extra["host_us_no_kept_hits"] = host_us(fn, dev)
                         if impl == Impl.OURS and N == PROFILE_N:
                             extra["profile"] = host_profile(fn, dev)
                         records.append(Record(case, impl, pass_, m["ms"], extra))
@@ -192,5 +196,6 @@ def _table_row(row: dict, got: dict) -> None:
         row["ours_dev_ms"] = None if dev_ms is None else round(dev_ms, 4)
         row["ours_launches"] = got[Impl.OURS]["launches"]
         row["bound_host_us"] = round(got[Impl.OURS]["host_us_triton_binding"], 1)
+        row["keyed_host_us"] = round(got[Impl.OURS]["host_us_no_kept_hits"], 1)
     if Impl.OURS in got and Impl.FLEX in got:
         row["flex/ours"] = round(got[Impl.FLEX]["ms"] / got[Impl.OURS]["ms"], 2)

@@ -356,29 +356,12 @@ def call_tma(plan: dict, q: torch.Tensor, *tensors: torch.Tensor) -> bool:
 
 
 def tensor_descriptors(head_dim: int, **tiles) -> dict:
-    """``desc_<name>`` for each ``name=(tensor, rows)``: a tensor descriptor of the ``[B, H, L, head_dim]``
-    tensor loading ``rows`` rows of one head at a time (the forward and both backward passes build theirs here).
-
-    Built without Triton's per-descriptor validation when the caller has checked the tensors with
-    :func:`tma_ok` (16-byte aligned base and strides, unit last stride; every pass does before asking) and the
-    block is ``[1, 1, rows, head_dim]`` of powers of two (the configs' and the head dims' own rules): that
-    validation repeated those checks and was about a third of an eager forward's host time. Anything else
-    goes through the validating constructor."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    out = {}
-    for name, (t, rows) in tiles.items():
-        shape, block = list(t.shape), [1, 1, rows, head_dim]
-        if _pow2(rows) and _pow2(head_dim) and min(shape) > 0:
-            d = object.__new__(TensorDescriptor)  # the dataclass's fields, as its __init__ would set them
-            d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, list(t.stride()), block, "zero"
-        else:
-            d = TensorDescriptor(t, shape, list(t.stride()), block)
-        out[f"desc_{name}"] = d
-    return out
-
-
-def _pow2(n) -> bool:
-    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
+    """``desc_<name>`` for each ``name=(tensor, rows)``: the tensor descriptor of the ``[B, H, L, head_dim]``
+    tensor loading ``rows`` rows of one head at a time (the forward and both backward passes build theirs
+    here), as a :class:`~sparseattn._fast_launch.Desc`: the launch makes the descriptor object only when Triton
+    binds the call; a cached launch needs only the tensor's address. The caller has checked the tensors with
+    :func:`tma_ok` (16-byte aligned base and strides, unit last stride)."""
+    return {f"desc_{name}": _fast_launch.Desc(t, (1, 1, rows, head_dim)) for name, (t, rows) in tiles.items()}
 
 
 def with_smaller_tiles(run, cfg, fallbacks):
@@ -448,10 +431,27 @@ def _launch(kernel, grid, *, num_stages: int, static: Optional[Static] = None, *
     the arguments that never change for this launch, kept by the caller, keyed by one token); the variant
     that launched (after any retry) is the one kept for the key of the stages asked for."""
     if _runtime.is_interpreter():
-        return _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs})
+        return _launch_retrying(kernel, grid, num_stages, {**(static or {}), **_fast_launch.materialised(kwargs)})
     kwargs["num_stages"] = num_stages
-    return _fast_launch.launch(kernel, grid, static, kwargs,
-                               lambda: _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kwargs}))
+    site, kept = None, ()
+    if static is not None:  # the plan's kept hits for this call site (its kernel and argument names)
+        site = (kernel, tuple(kwargs))
+        kept = static.direct.get(site, ())
+        for direct in kept:
+            if _fast_launch.launch_direct(direct, grid, kwargs):
+                return direct.bound.compiled
+    out = _fast_launch.launch(kernel, grid, static, kwargs,
+                              lambda kw: _launch_retrying(kernel, grid, num_stages, {**(static or {}), **kw}))
+    if site is not None and len(kept) < KEPT_HITS_PER_SITE:
+        made = _fast_launch.direct_for(kernel, static, kwargs)
+        if made is not None:
+            static.direct[site] = (*kept, made)
+    return out
+
+
+#: Kept hits per launch site of a plan: a site's calls differ in kind only where the plan allows it (tensor
+#: descriptors or pointers: an eager call and a CUDA-graph capture of a small layout), so a few cover them.
+KEPT_HITS_PER_SITE = 4
 
 
 #: ``(kernel name, stages now tried)`` each time a launch retried with fewer pipeline stages for lack of shared

@@ -50,10 +50,11 @@ def test_cached_launch_is_bitwise_triton_binding(name, hkv):
     do = torch.randn_like(q)
     with _fast_launch.enabled(False):
         slow = _run(q, k, v, layout, do)
-    hits = _fast_launch.stats["hits"]
+    hits, direct = _fast_launch.stats["hits"], _fast_launch.stats["direct"]
     _run(q, k, v, layout, do)  # binds (or hits an earlier test's keys)
     fast = _run(q, k, v, layout, do)
     assert _fast_launch.stats["hits"] > hits
+    assert _fast_launch.stats["direct"] > direct  # the second call took the launch plans' kept hits
     for a, b in zip(slow, fast):
         assert torch.equal(a, b)
     ref = sa.reference_attention(q, k, v, layout.to_dense())

@@ -49,14 +49,14 @@ def main(path: str) -> int:
         st = F.Static(static) if static is not None else None
         kw = {**per_call, "num_stages": num_stages}
         compiled = StandIn()
-        F.launch(kernel, grid, st, dict(kw), lambda: compiled)  # binds
+        F.launch(kernel, grid, st, dict(kw), lambda kw: compiled)  # binds
 
-        def must_not_bind():
+        def must_not_bind(kw):
             raise AssertionError("the second launch of the same key went through Triton's binding")
         F.launch(kernel, grid, st, dict(kw), must_not_bind)  # hits
         got = compiled.calls[-1]
         jit = kernel.fn if isinstance(kernel, Heuristics) else kernel
-        given = {**(static or {}), **kw}
+        given = F.materialised({**(static or {}), **kw})  # a Desc stands for the descriptor Triton gets
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
         problems = []
         if got[:4] != (*grid3, 0):
