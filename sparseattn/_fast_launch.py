@@ -278,24 +278,15 @@ def _run(bound: _Bound, grid: tuple, device: int, args: list) -> None:
 
 
 # ---- a launch site's kept hit -----------------------------------------------------------------------------------
-_TENSOR, _DESC, _VALUE = "tensor", "desc", "value"
-
-
-class _Fill(NamedTuple):
-    name: str
-    kind: str  # _TENSOR (want: dtype), _DESC (want: dtype, shape, strides, block), _VALUE (want: the value)
-    want: Any
-    position: Optional[int]  # in the raw launcher's arguments; None for a launch option (checked only)
-    expand: Optional[_Expand]  # a descriptor's expansion (metadata, width) ...
-    maps: Optional[dict]  # ... and its kept tensor maps by base address
-
-
 class Direct(NamedTuple):
     """The cache entry one launch site's call bound, kept by the site's launch plan (:func:`direct_for`), and
-    what a later call must match to take it (:func:`launch_direct`)."""
+    what a later call must match to take it (:func:`launch_direct`), by kind of argument (plain tuples: this
+    runs at every call)."""
     bound: _Bound
     device: int
-    fill: Tuple[_Fill, ...]
+    tensors: tuple  # (name, dtype, position)
+    descs: tuple  # (name, dtype, shape, strides, block, position, end, expansion, tensor maps by base address)
+    values: tuple  # (name, value, type, position or None for a launch option)
 
 
 def direct_for(kernel, static: Static, kwargs: dict) -> Optional[Direct]:
@@ -312,23 +303,24 @@ def direct_for(kernel, static: Static, kwargs: dict) -> Optional[Direct]:
     if bound is None or bound.raw is None:
         return None
     slots = {name: (i, expand) for i, name, expand in bound.slots}
-    fill = []
+    tensors, descs, values = [], [], []
     for name, v in kwargs.items():
         position, expand = slots.get(name, (None, None))
         if type(v) is Desc:
             b = v.base
             if position is None or expand is None or type(b) is not torch.Tensor or b.data_ptr() % 16:
                 return None
-            fill.append(_Fill(name, _DESC, (b.dtype, b.shape, b.stride(), v.block), position, expand, {}))
+            descs.append((name, b.dtype, b.shape, b.stride(), v.block, position, position + expand.width, expand,
+                          {}))
         elif isinstance(v, torch.Tensor):
             if position is None or type(v) is not torch.Tensor or v.data_ptr() % 16:
                 return None
-            fill.append(_Fill(name, _TENSOR, v.dtype, position, None, None))
+            tensors.append((name, v.dtype, position))
         elif v is None or type(v) in (bool, int, float, str):
-            fill.append(_Fill(name, _VALUE, v, position, None, None))
+            values.append((name, v, type(v), position))
         else:
             return None
-    return Direct(bound, device, tuple(fill))
+    return Direct(bound, device, tuple(tensors), tuple(descs), tuple(values))
 
 
 def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
@@ -340,37 +332,41 @@ def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
     device = torch.cuda.current_device()
     if device != d.device:
         return False
+    for name, want, kind, position in d.values:
+        v = kwargs[name]
+        if type(v) is not kind or v != want:
+            return False
     args = d.bound.template.copy()
-    for f in d.fill:
-        v = kwargs[f.name]
-        if f.kind is _TENSOR:
-            if type(v) is not torch.Tensor or v.dtype != f.want or v.data_ptr() & 15:
-                return False
-            args[f.position] = v
-        elif f.kind is _DESC:
-            if type(v) is not Desc:
-                return False
-            b = v.base
-            dtype, shape, strides, block = f.want
-            p = b.data_ptr()
-            if p & 15 or type(b) is not torch.Tensor or b.dtype != dtype or v.block != block or \
-                    b.shape != shape or b.stride() != strides:
-                return False
-            found = f.maps.get(p)
-            if found is None:  # same shape and strides: the base address alone tells two tensor maps apart
-                found = f.expand.expand(v.descriptor(), f.expand.meta)
-                if len(f.maps) >= _MAX_EXPANSIONS:
-                    f.maps.clear()
-                f.maps[p] = found
-            args[f.position:f.position + f.expand.width] = found
-        else:
-            if type(v) is not type(f.want) or v != f.want:
-                return False
-            if f.position is not None:
-                args[f.position] = v
+    for name, dtype, position in d.tensors:
+        v = kwargs[name]
+        if type(v) is not _Tensor or v.dtype != dtype or v.data_ptr() & 15:
+            return False
+        args[position] = v
+    for name, dtype, shape, strides, block, position, end, expand, maps in d.descs:
+        v = kwargs[name]
+        if type(v) is not Desc:
+            return False
+        b = v.base
+        p = b.data_ptr()
+        if p & 15 or type(b) is not _Tensor or b.dtype != dtype or v.block != block or b.shape != shape or \
+                b.stride() != strides:
+            return False
+        found = maps.get(p)
+        if found is None:  # same shape and strides: the base address alone tells two tensor maps apart
+            found = expand.expand(v.descriptor(), expand.meta)
+            if len(maps) >= _MAX_EXPANSIONS:
+                maps.clear()
+            maps[p] = found
+        args[position:end] = found
+    for name, want, kind, position in d.values:
+        if position is not None:
+            args[position] = want
     _run(d.bound, grid, device, args)
     stats["direct"] += 1
     return True
+
+
+_Tensor = torch.Tensor
 
 
 def _bind(kernel, every: dict, per_call: dict, compiled) -> Optional[_Bound]:

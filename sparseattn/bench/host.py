@@ -17,14 +17,16 @@ cuDNN on the pattern's causal envelope) this suite records:
 For our op it also records ``host_us_triton_binding``: the same host measurement with the cached launch path
 off (:mod:`sparseattn._fast_launch`), so every launch goes through Triton's own argument binding; and
 ``host_us_no_kept_hits``: with the cache on but the launch plans' kept hits off, so every launch computes
-its cache key.
+its cache key. The three paths are measured interleaved, three rounds, medians (:func:`host_paths`).
 At one length it also records a ``cProfile`` of ``n`` calls: the functions with the most own
 time, in microseconds per call (``profile`` in the row), so the host path can be cut where it is spent.
 """
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import pstats
+import statistics
 import time
 from typing import Callable, List, Optional
 
@@ -129,6 +131,24 @@ def _measure(fn: Callable, device, stream=None) -> dict:
     return out
 
 
+#: The host paths of our op the suite compares, each entered by a context (the default path first).
+PATHS = {"host_us": contextlib.nullcontext, "host_us_no_kept_hits": lambda: _fast_launch.kept_hits(False),
+         "host_us_triton_binding": lambda: _fast_launch.enabled(False)}
+AB_ROUNDS = 3
+
+
+def host_paths(fn: Callable, device) -> dict:
+    """Host microseconds per call of ``fn`` on each path of :data:`PATHS`: the median of :data:`AB_ROUNDS`
+    rounds, the paths interleaved in each (the host's speed drifts between measurements taken minutes apart,
+    by a third on the H200 box)."""
+    got = {name: [] for name in PATHS}
+    for _ in range(AB_ROUNDS):
+        for name, path in PATHS.items():
+            with path():
+                got[name].append(host_us(fn, device))
+    return {name: float(statistics.median(v)) for name, v in got.items()}
+
+
 def run(args) -> tuple:
     """Measure every (N, pattern, pass); return (records, table rows, table columns)."""
     dev = args.device
@@ -170,11 +190,9 @@ def run(args) -> tuple:
                         extra = {k_: v_ for k_, v_ in m.items() if k_ != "ms"}
                         if impl == Impl.CUDNN:
                             extra["envelope"] = envelope
-                        if impl == Impl.OURS:  # the same call with Triton binding every launch (no cache)
-                            with _fast_launch.enabled(False):
-                                extra["host_us_triton_binding"] = host_us(fn, dev)
-                            with _fast_launch.kept_hits(False):
-                                extra["host_us_no_kept_hits"] = host_us(fn, dev)
+                        if impl == Impl.OURS:  # the host paths interleaved (host_us replaced by its median)
+                            extra.update(host_paths(fn, dev))
+                            m["host_us"] = extra["host_us"]
                         if impl == Impl.OURS and N == PROFILE_N:
                             extra["profile"] = host_profile(fn, dev)
                         records.append(Record(case, impl, pass_, m["ms"], extra))
