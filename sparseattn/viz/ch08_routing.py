@@ -214,8 +214,10 @@ def sweep_overhead(xo: BenchFile, keep: float = 0.1) -> list:
             raise LookupError(f"{len(routes)} forward-part route rows at N={N}, keep={keep}; expected one")
         if routes[0].ms is None or attn.ms is None or not dense:
             continue
+        c = attn.case
         out.append({"N": N, "topk": routes[0].case["topk"], "route": routes[0].ms, "attention": attn.ms,
-                    "flex": flex[0].ms if flex else None, "cudnn": dense[0].ms})
+                    "flex": flex[0].ms if flex else None, "cudnn": dense[0].ms,
+                    "shape": f"B={c['B']}, H={c['H']}, D={c['D']}, {c['dtype']}, {c['block']}-token blocks"})
     if not out:
         raise LookupError(f"no routing rows at keep={keep} in {xo.suite!r} (run the crossover suite with route())")
     return out
@@ -244,9 +246,9 @@ def sweep_overhead_figure(xo: BenchFile, keep: float = 0.1) -> go.Figure:
         fig.add_trace(go.Scatter(x=[p["N"] for p in fl], y=[p["flex"] for p in fl], mode="lines+markers",
                                  name="FlexAttention forward on the routed blocks (route() not included)",
                                  line=dict(color=COLORS[Impl.FLEX])), row=1, col=1)
-    fig.update_layout(barmode="stack", height=430, title_font_size=12, legend=dict(orientation="h", y=-0.3),
-                      title=f"Routing against N, top-k = {keep:.0%} of a row's key blocks"
-                            f"<br><sup>crossover suite, {xo.caption()}</sup>")
+    fig.update_layout(barmode="stack", height=460, title_font_size=12, legend=dict(orientation="h", y=-0.3),
+                      margin=dict(t=120), title=f"Routing against N, top-k = {keep:.0%} of a row's key blocks"
+                            f"<br><sup>{pts[0]['shape']}, eager calls<br>crossover suite, {xo.caption()}</sup>")
     for col in (1, 2):
         fig.update_xaxes(title_text="sequence length N (tokens)", type="category", row=1, col=col)
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
