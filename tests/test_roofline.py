@@ -519,6 +519,8 @@ def test_docstring_failure_notes_follow_the_data():
            f"{round(100 * abs(graph['ratio'] - 1))}%" in R.__doc__
     _, r = at[("sparseattn", "fwd", "sinks64+window1024", 1024)]
     assert f"N = 1k took {r['ms']:.3f} ms eager against {r['device_ms']:.3f} ms on the" in R.__doc__
+    host = json.loads((C.BENCH_DIR / "crossover-h200.json").read_text())["parts"]["fwd"]["host_ms"]
+    assert f"the probe's {host['sparseattn/fwd']:.3f} ms" in R.__doc__
     bwd = [at[("sparseattn", "bwd", "window2048", n)][1] for n in (1024, 1536, 2048)]
     eager = [r["ms"] for r in bwd]
     over = [r["ms"] / r["device_ms"] for r in bwd]

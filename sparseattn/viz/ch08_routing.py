@@ -214,10 +214,8 @@ def sweep_overhead(xo: BenchFile, keep: float = 0.1) -> list:
             raise LookupError(f"{len(routes)} forward-part route rows at N={N}, keep={keep}; expected one")
         if routes[0].ms is None or attn.ms is None or not dense:
             continue
-        c = attn.case
         out.append({"N": N, "topk": routes[0].case["topk"], "route": routes[0].ms, "attention": attn.ms,
-                    "flex": flex[0].ms if flex else None, "cudnn": dense[0].ms,
-                    "shape": f"B={c['B']}, H={c['H']}, D={c['D']}, {c['dtype']}, {c['block']}-token blocks"})
+                    "flex": flex[0].ms if flex else None, "cudnn": dense[0].ms})
     if not out:
         raise LookupError(f"no routing rows at keep={keep} in {xo.suite!r} (run the crossover suite with route())")
     return out
@@ -229,6 +227,9 @@ def sweep_overhead_figure(xo: BenchFile, keep: float = 0.1) -> go.Figure:
     two share ``route()``) and dense causal cuDNN; and the route's share of our routed step."""
     pts = sweep_overhead(xo, keep)
     Ns = [p["N"] for p in pts]
+    c = xo.one(Impl.OURS, Pass.FWD, family="routing", keep=keep, N=Ns[0]).case
+    shape = f"B={c['B']}, H={c['H']}, D={c['D']}, {c['dtype']}" + (f", {c['block']}-token blocks" if "block" in c
+                                                                   else "")
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=[
         "routed step (eager) vs dense causal", "route as a share of the routed step"])
     fig.add_trace(go.Bar(x=Ns, y=[p["route"] for p in pts], name="ours: route()", marker_color=LIGHT[Impl.OURS],
@@ -248,7 +249,7 @@ def sweep_overhead_figure(xo: BenchFile, keep: float = 0.1) -> go.Figure:
                                  line=dict(color=COLORS[Impl.FLEX])), row=1, col=1)
     fig.update_layout(barmode="stack", height=460, title_font_size=12, legend=dict(orientation="h", y=-0.3),
                       margin=dict(t=120), title=f"Routing against N, top-k = {keep:.0%} of a row's key blocks"
-                            f"<br><sup>{pts[0]['shape']}, eager calls<br>crossover suite, {xo.caption()}</sup>")
+                            f"<br><sup>{shape}, eager calls<br>crossover suite, {xo.caption()}</sup>")
     for col in (1, 2):
         fig.update_xaxes(title_text="sequence length N (tokens)", type="category", row=1, col=col)
     fig.update_yaxes(title_text="ms (median)", row=1, col=1)
