@@ -18,8 +18,8 @@ read, so a hit can never pick a different variant than Triton would:
 
 A tensor descriptor may be passed as a :class:`Desc` (its base tensor and block): the descriptor object is
 made only when Triton binds the call. Anything else in the arguments, a launch hook set in ``triton.knobs``
-(profilers use them), or the interpreter turns the cache off for that call. ``enabled(False)`` turns it off in a block (tests compare the
-two paths bitwise; the host suite measures both).
+(profilers use them), or the interpreter turns the cache off for that call. ``enabled(False)`` turns it off
+in a block (tests compare the two paths bitwise; the host suite measures both).
 
 A hit calls the launcher's C entry point directly with the argument list Triton's Python launcher would build
 (its scratch-buffer step and its loop that expands every tensor descriptor into a tensor map, shape and
@@ -49,6 +49,7 @@ _ENABLED = os.environ.get("SPARSEATTN_FAST_LAUNCH", "1") not in ("0", "")
 #: suite's A/B).
 _KEEP_HITS = True
 _MAX_ENTRIES = 4096  # bounded: every new sequence length is a new key
+_Tensor = torch.Tensor  # read at every kept hit
 _CACHE: Dict[tuple, "_Bound"] = {}
 #: Calls served from the cache (``direct``: of them, by a launch plan's kept hit) and calls bound by Triton
 #: (tests read them).
@@ -364,9 +365,6 @@ def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
     _run(d.bound, grid, device, args)
     stats["direct"] += 1
     return True
-
-
-_Tensor = torch.Tensor
 
 
 def _bind(kernel, every: dict, per_call: dict, compiled) -> Optional[_Bound]:
