@@ -80,10 +80,9 @@ def test_raw_entry_gets_tritons_argument_list(monkeypatch, metas):
     F.clear()
 
 
-def test_kept_expansions_are_the_ones_a_new_encoding_gives(monkeypatch):
-    """A descriptor's expansion (its tensor map) is encoded once per address, shape, strides and padding: the
-    same tensor again reuses it, another tensor gets its own (another shape or strides is another cache key
-    altogether) -- each launch's arguments stay the ones Triton's launcher builds for that call."""
+def _counting_launcher(monkeypatch):
+    """``(fills, calls, compiled)``: the fake driver counting its tensor-map encodings (``fills``), a stand-in
+    kernel whose launcher records its entry point's arguments (``calls``), the cache cleared."""
     import triton
     fills = []
 
@@ -101,6 +100,14 @@ def test_kept_expansions_are_the_ones_a_new_encoding_gives(monkeypatch):
     fn, compiled = _kernel_and_launcher(metas, calls)
     monkeypatch.setattr(F, "_jit_fn", lambda kernel: (None, fn))
     F.clear()
+    return fills, calls, compiled
+
+
+def test_kept_expansions_are_the_ones_a_new_encoding_gives(monkeypatch):
+    """A descriptor's expansion (its tensor map) is encoded once per address, shape, strides and padding: the
+    same tensor again reuses it, another tensor gets its own (another shape or strides is another cache key
+    altogether) -- each launch's arguments stay the ones Triton's launcher builds for that call."""
+    fills, calls, compiled = _counting_launcher(monkeypatch)
     x = torch.zeros(4)
     b1, a1, a2 = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
     static = F.Static(X=x, n=5, FLAG=True, desc_b=_desc(b1, 16))
@@ -123,23 +130,7 @@ def test_a_kept_hit_matches_the_key_it_skips(monkeypatch):
     launcher builds for the new call, encodes a tensor map once per base address, and refuses (launches
     nothing, returns False) every call whose key would differ: another dtype, an unaligned base, another
     shape or block, another value or launch option, the cache switched off."""
-    import triton
-    fills = []
-
-    class _Counting(_FakeDriver):
-        class utils:
-            @staticmethod
-            def fill_tma_descriptor(*args):
-                fills.append(args)
-                return _FakeDriver.utils.fill_tma_descriptor(*args)
-    monkeypatch.setattr(triton.runtime.driver, "_active", _Counting())
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
-    metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 16, 32], "fp4_padded": False}] * 2
-    calls = []
-    fn, compiled = _kernel_and_launcher(metas, calls)
-    monkeypatch.setattr(F, "_jit_fn", lambda kernel: (None, fn))
-    F.clear()
+    fills, calls, compiled = _counting_launcher(monkeypatch)
     x, y = torch.zeros(4), torch.zeros(4)
     a1, a2, b1 = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
     lazy = lambda t, rows=16: F.Desc(t, (1, 1, rows, 32))  # noqa: E731
