@@ -256,7 +256,7 @@ def test_roofline_tails_profiles_and_explorer(xo):
         lay = V9.explorer_layout(fam, 4096, 0.2)
         kept = lay.stats()["logical_edges"] / (4096 * 4097 / 2 if fam != "block_random" else 4096 ** 2)
         assert 0.1 < kept < 0.4, (fam, kept)
-    t = V9.terms_figure("documents", 4096, 0.2, "fp32")
+    t = V9.terms_figure("documents", 4096, 0.2, "fp16")
     assert "verdict" not in t.layout.title.text and ("faster here" in t.layout.title.text
                                                      or "tie (within the model's error" in t.layout.title.text)
     assert [tr.name for tr in t.data] == ["compute", "memory", "launch", "predicted total"]  # no index: built once

@@ -454,7 +454,10 @@ def test_envelope_of_a_layout():
 
 
 def test_report_without_a_gpu():
+    fp32 = R.report(P.sliding_window(1024), Shape(B=1, Hq=16, D=128, dtype=torch.float32), N=8192)
+    assert fp32.verdict.startswith("float32: PyTorch has no cuDNN attention in float32")
     r = R.report(P.sliding_window(1024), N=8192)
+    assert not r.verdict.startswith("float32")
     assert set(r.predicted) == {"sparseattn", "flex", "cudnn"} and r.envelope == "causal"
     assert all(v is None for v in r.measured.values())
     ratio = r.predicted["cudnn"] / r.predicted["sparseattn"]

@@ -393,7 +393,11 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
     ours); ``rebuild_layout=True`` adds building the layout every call.
 
     Raises ValueError/TypeError naming the argument: an unknown pass, a pattern without ``N``, ``measure``
-    without CUDA."""
+    without CUDA.
+
+    A float32 ``shape`` gets its verdict with a warning in it: PyTorch's cuDNN attention takes float16 and
+    bfloat16 only, so the dense side is then a kernel PyTorch does not run (cuDNN's fitted efficiency on the
+    float32 matmul rate), and the model was fitted on bfloat16 calls."""
     if pass_ not in ("fwd", "bwd", "decode"):
         raise ValueError(f"pass_ must be 'fwd', 'bwd' or 'decode', got {pass_!r}")
     if measure and not torch.cuda.is_available():
@@ -412,7 +416,7 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
             from .measure import measure_decode
             measured.update(measure_decode(s, keep))
         what = f"decode B={s.B} Hq={s.Hq} Hkv={s.Hkv} " + (f"keep={keep}" if keep is not None else "all pages")
-        return _finish(what, "decode", "dense", predicted, measured, costs)
+        return _finish(what, "decode", "dense", predicted, measured, costs, s.dtype)
     if isinstance(pattern_or_layout, BlockLayout):
         layout = pattern_or_layout.to("cpu") if pattern_or_layout.device.type != "cpu" else pattern_or_layout
         mask = getattr(layout.mask_mod, "__name__", None) or ("tile bits" if layout.tile_bits is not None
@@ -441,7 +445,8 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
     if measure:
         from .measure import measure_prefill
         measured.update(measure_prefill(layout, s, pass_, env))
-    return _finish(f"{name} B={s.B} Hq={s.Hq} Hkv={s.Hkv} D={s.D}", pass_, env, predicted, measured, costs)
+    return _finish(f"{name} B={s.B} Hq={s.Hq} Hkv={s.Hkv} D={s.D}", pass_, env, predicted, measured, costs,
+                   s.dtype)
 
 
 #: A predicted ratio within this factor of 1 is a tie: the model's error on the held-out sweep is of this order
@@ -463,7 +468,12 @@ def verdict_of(ratio: float, source: str, env: str) -> str:
             f"dense is faster here ({env} cuDNN {source} {1 / ratio:.2f}x faster")
 
 
-def _finish(what, pass_, env, predicted, measured, costs) -> Report:
+#: What a float32 report's verdict says first (:func:`report`).
+FP32_WARNING = ("float32: PyTorch has no cuDNN attention in float32; the dense side prices a kernel it does not "
+                "run, and the model was fitted on bfloat16 calls -- ")
+
+
+def _finish(what, pass_, env, predicted, measured, costs, dtype=None) -> Report:
     use = measured if measured.get("sparseattn") is not None and measured.get("cudnn") is not None else predicted
     src = "measured" if use is measured else "predicted"
     ratio = use["cudnn"] / use["sparseattn"]
@@ -471,4 +481,6 @@ def _finish(what, pass_, env, predicted, measured, costs) -> Report:
     if use.get("flex") is not None:
         verdict += f"; FlexAttention {use['cudnn'] / use['flex']:.2f}x"
     verdict += ")"
+    if dtype == torch.float32:
+        verdict = FP32_WARNING + verdict
     return Report(what, pass_, env, predicted, measured, costs, verdict, _dominant(costs["sparseattn"]), ratio, src)
