@@ -56,14 +56,16 @@ def intensity_points(N: int = 16384, shape: Optional[Shape] = None, decode_shape
         lay = family_layout(fam, x, **kw)[0]
         for pass_ in ("fwd", "bwd"):
             c = cost(lay, s, pass_)
-            out.append(_point(f"{name}, {pass_}", pass_, c))
+            out.append({**_point(f"{name}, {pass_}", pass_, c),
+                        "shape": f"prefill N={N}, B={s.B}, {s.Hq} heads, D={s.D}"})
     d = decode_shape or DECODE_SHAPE
     G = d.Hq // d.Hkv
     block_g = max(16, 1 << (G - 1).bit_length())  # the kernel's group tile (counts.py): padded rows multiplied
     for keep in (None, 0.1):
         c = cost(None, d, "decode", keep=keep, graph=True)
-        out.append(_point(f"decode B={d.B}, {'all pages' if keep is None else f'{keep:.0%} of the pages'}",
-                          "decode", c, useful=G / block_g))
+        out.append({**_point(f"decode B={d.B}, {'all pages' if keep is None else f'{keep:.0%} of the pages'}",
+                             "decode", c, useful=G / block_g),
+                    "shape": f"decode {d.seq_len} tokens, {d.Hq}/{d.Hkv} heads, D={d.D}"})
     return out
 
 
@@ -105,12 +107,14 @@ def roofline_figure(points: List[dict], ceil: Optional[Ceilings] = None, dtype: 
                                           "multiplied, not useful)",
                                      marker=dict(symbol="x-thin-open", size=10, color=col, line=dict(width=2))))
     ys = [p["tflops"] for p in points] + [min(P, lo * W)]
-    fig.update_layout(xaxis_type="log", yaxis_type="log", height=520, title_font_size=12,
+    fig.update_layout(xaxis_type="log", yaxis_type="log", height=820, title_font_size=12, margin=dict(t=150),
                       xaxis_title="arithmetic intensity (FLOP per HBM byte)", yaxis_title="TFLOP/s (predicted)",
-                      title=f"Roofline of the {c.device}, {dtype}<br><sup>filled: compulsory bytes (each byte "
+                      title=f"Roofline of the {c.device}, {dtype}<br><sup>"
+                            + "; ".join(dict.fromkeys(p["shape"] for p in points if "shape" in p))
+                            + "<br>filled: compulsory bytes (each byte "
                             f"once); open: bytes the programs request<br>(no reuse across programs); useful FLOPs "
                             f"(decode's padded group tile marked x); rates from the cost model</sup>",
-                      legend=dict(font=dict(size=10)))
+                      legend=dict(font=dict(size=10), orientation="h", y=-0.22))
     fig.update_xaxes(range=[math.log10(lo), math.log10(hi)])
     fig.update_yaxes(range=[math.log10(min(ys) / 1.5), math.log10(P * 1.5)])
     return tidy_log(fig)
