@@ -333,11 +333,13 @@ def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
     device = torch.cuda.current_device()
     if device != d.device:
         return False
+    args = d.bound.template.copy()
     for name, want, kind, position in d.values:
         v = kwargs[name]
         if type(v) is not kind or v != want:
             return False
-    args = d.bound.template.copy()
+        if position is not None:
+            args[position] = want
     for name, dtype, position in d.tensors:
         v = kwargs[name]
         if type(v) is not _Tensor or v.dtype != dtype or v.data_ptr() & 15:
@@ -359,9 +361,6 @@ def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
                 maps.clear()
             maps[p] = found
         args[position:end] = found
-    for name, want, kind, position in d.values:
-        if position is not None:
-            args[position] = want
     _run(d.bound, grid, device, args)
     stats["direct"] += 1
     return True
