@@ -8,6 +8,9 @@ forwards at 2k-8k 13-15% slower in the crossover suite; this A/B set it at 1 024
 
     python book/data/bench/checks/tma-rule.py fwd   # writes $OUT/fwd-tma-rule-<gpu>.json
     python book/data/bench/checks/tma-rule.py bwd   # writes $OUT/bwd-tma-rule-<gpu>.json
+    python book/data/bench/checks/tma-rule.py bwd 1000000000   # pointer loads always vs descriptors always
+
+A second argument replaces the rule under test (a rule above every case's pairs: pointer loads always).
 
 The backward is timed as dQ, dK, dV from a kept forward. The table printed last gives both times per rule
 and rule / always."""
@@ -28,7 +31,8 @@ RULES = {"fwd": (20_000, 0), "bwd": (12_000, 0)}
 CASES = {"fwd": [("window1024", 1024), ("window1024", 2048), ("window2048", 4096), ("window2048", 8192),
                  ("sinks64+window1024", 2048), ("sinks64+window1024", 4096)],
          "bwd": [("window1024", 2048), ("window2048", 3072), ("window2048", 4096), ("sinks64+window1024", 4096),
-                 ("window1024", 1024), ("sinks64+window1024", 2048)]}
+                 ("window1024", 1024), ("sinks64+window1024", 2048), ("window2048", 2048), ("window2048", 6144),
+                 ("window2048", 8192), ("sinks64+window1024", 8192)]}
 
 
 def _pattern(name):
@@ -43,11 +47,13 @@ def _call(pass_: str, lay, q, k, v, do):
     return C.fwd_bwd(lambda a, b, c: sa.sparse_attention(a, b, c, lay), q, k, v, do)[1]
 
 
-def main(pass_: str, out_dir: str) -> str:
+def main(pass_: str, out_dir: str, rule=None) -> str:
     if pass_ not in RULES:
         raise ValueError(f"pass must be one of {sorted(RULES)}, got {pass_!r}")
     records, table = [], []
     shipped, rules = L.TMA_MIN_PAIRS[pass_], RULES[pass_]
+    if rule is not None:
+        rules = (int(rule), rules[1])
     for name, N in CASES[pass_]:
         q, k, v, do = (torch.randn(1, 16, N, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         calls = {}
@@ -78,4 +84,5 @@ def main(pass_: str, out_dir: str) -> str:
 
 
 if __name__ == "__main__":
-    print(main(sys.argv[1] if len(sys.argv) > 1 else "fwd", os.environ.get("OUT", ".")))
+    print(main(sys.argv[1] if len(sys.argv) > 1 else "fwd", os.environ.get("OUT", "."),
+               sys.argv[2] if len(sys.argv) > 2 else None))
