@@ -308,19 +308,20 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 
 #: With ``tma=None`` in its config, an eager call loads through tensor descriptors only from this many visited
 #: tile pairs (summed over batch x query heads) up; a CUDA-graph capture always does. Descriptors cost host
-#: time at every eager call (built, encoded into tensor maps, passed to the launch) and save device time in
-#: proportion to the work; the host cost shows only where the call is host-bound. Backward, measured
-#: (``checks/host-stages-3-h200.json``, H200 box, window 1024 at N = 2k, 16 heads): the op took 273 us of host
-#: time with its eight descriptors, 157 without; they save 10-25% of the backward's device time at N = 32k
-#: (perf notes), so at ~64 ns per tile pair they pay from ~0.7 ms of device work, ~11k pairs; an A/B in one
-#: process (``checks/bwd-tma-rule-h200.json``) found pointer loads 21-38% faster on eager backwards of 576 to
-#: 6 528 pairs, which are host-bound there (the break-even is above, not bracketed). Forward, A/B in
-#: one process (``checks/fwd-tma-rule-h200.json``, 16 heads, eager ``do_bench``, pointer loads / descriptors):
-#: window 1024 at N = 1024 (576 pairs) 0.50x, sinks 64 + window 1024 at 2048 (1 840) 0.82x, but window 1024 at
-#: 2048 (1 728) 1.15x and 1.09-1.14x from 4 400 to 15 232 pairs, where the calls are device-bound and pointer
-#: loads cost the forward ~14% of its device time. So only the smallest calls keep pointer loads; a first rule
-#: at 20 000 pairs (from the host cost alone) made eager forwards at 2k-8k 13-15% slower in the crossover suite.
-TMA_MIN_PAIRS = {"fwd": 1_024, "bwd": 12_000}
+#: time at every eager call (made, encoded into tensor maps, passed to the launch) and save device time in
+#: proportion to the work; the host cost shows only where the call is host-bound. Both rules are A/B runs in
+#: one process on an H200 (16 heads, D = 128, bf16, eager ``do_bench``, pointer loads / descriptors).
+#: Backward (``checks/bwd-tma-rule-2-h200.json``, 2026-12-02, with launch plans keeping their cache hits and
+#: descriptors made only at bind time): 576 pairs 0.66x, 1 728-2 176 0.79-1.02x, 4 352-4 400 0.94-0.95x, then
+#: 6 528-15 232 pairs 1.06-1.09x (device-bound calls); the ratio crosses 1 at ~5 300 pairs by linear
+#: interpolation between 4 400 and 6 528. (The first rule, 12 000, was set when the eight descriptors cost
+#: ~116 us of host time per call, ``checks/host-stages-3-h200.json``; ``checks/bwd-tma-rule-h200.json`` then
+#: found pointer loads faster up to 6 528 pairs.) Forward (``checks/fwd-tma-rule-h200.json``): window 1024 at
+#: N = 1024 (576 pairs) 0.50x, sinks 64 + window 1024 at 2048 (1 840) 0.82x, but window 1024 at 2048 (1 728)
+#: 1.15x and 1.09-1.14x from 4 400 to 15 232 pairs, where the calls are device-bound and pointer loads cost
+#: the forward ~14% of its device time. So only the smallest calls keep pointer loads; a first rule at 20 000
+#: pairs (from the host cost alone) made eager forwards at 2k-8k 13-15% slower in the crossover suite.
+TMA_MIN_PAIRS = {"fwd": 1_024, "bwd": 5_300}
 
 
 def too_small_for_tma(pass_: str, tma: Optional[bool], layout: BlockLayout, q: torch.Tensor) -> bool:
