@@ -114,6 +114,39 @@ def test_budget_skips_flexattention_and_keeps_the_rest(tiny, monkeypatch):
     assert all(t["flex"] == "not measured" for t in table[:-1])
 
 
+def test_eager_times_are_retimed_in_interleaved_rounds(tiny, monkeypatch):
+    """At the end of a part, every point up to ``RETIME_MAX_N`` is timed again, ours, FlexAttention and cuDNN in
+    turn: ``ms`` becomes the median of the rounds, the first timing stays as ``ms_first``; a point above the
+    limit keeps its one timing; a cuDNN row shared by two points is timed in both points' rounds."""
+    monkeypatch.setattr(X, "RETIME_MAX_N", 256)
+    records, _, _ = X.run(_args(tiny, part="fwd", families="window,block_random", n="256,384"))
+    bf = BenchFile.from_json({"suite": "crossover", **ENV, "results": [r.to_json() for r in records]})
+    for impl in (Impl.OURS, Impl.FLEX):
+        for r in bf.select(impl, Pass.FWD):
+            if r.case["N"] > 256:
+                assert r.get("eager_rounds") is None and r.get("ms_first") is None
+                continue
+            rounds = r.get("eager_rounds")
+            assert len(rounds) == X.RETIME_ROUNDS and r.get("ms_first") < min(rounds)  # the stand-in timer counts up
+            assert r.ms == pytest.approx(sorted(rounds)[len(rounds) // 2], abs=1e-5)
+    causal = bf.one(Impl.CUDNN, Pass.FWD, pattern="causal", N=256)  # the window point's envelope
+    dense = bf.one(Impl.CUDNN, Pass.FWD, pattern="dense", N=256)  # both block-random points'
+    assert len(causal.get("eager_rounds")) == X.RETIME_ROUNDS
+    assert len(dense.get("eager_rounds")) == 2 * X.RETIME_ROUNDS
+    assert bf.one(Impl.CUDNN, Pass.FWD, pattern="causal", N=384).get("eager_rounds") is None
+
+
+def test_retiming_stops_when_the_budget_cannot_cover_a_round(tiny, capsys):
+    run = X._Run(_args(tiny), dict(ENV), [], {"parts": {}})
+    calls = []
+    for impl in (Impl.OURS, Impl.FLEX):
+        run.add(Record({"N": 256}, impl, Pass.FWD, 1.0), lambda impl=impl: calls.append(impl), ("fwd", "w", 256, 256))
+    run.budget = X.Budget(X.RESERVE_S + 0.1)
+    X.retime(run, "fwd")
+    assert not calls and all(r.get("eager_rounds") is None for r in run.records)
+    assert "re-timing stopped after 0 of" in capsys.readouterr().err
+
+
 def test_parts_merge_into_one_file(tiny):
     first = tiny / "first"
     X.run(_args(first, part="fwd", families="window", n="256"))

@@ -35,14 +35,19 @@ constant in a mask_mod recompiles, a kept fraction of block-random tiles or a do
 length does not), so the grid needs 24 forward and 20 backward compiles. Each prefill part therefore first
 measures ours, cuDNN and naive on every point, then FlexAttention point by point (families in turn, each
 from the ends of its grid inwards) while the time left covers another compile; a point it could not reach
-is recorded with ``ms: null`` and the reason. The JSON is rewritten after every point (a crash keeps the
-finished rows). The table printed last is the interpolated crossover per family and pass (and length, for
+is recorded with ``ms: null`` and the reason. Measured in that order, the eager times of one point lie
+minutes apart, and where the host sets them (short lengths, low kept fractions) the host's drift within a run
+decides who wins; so each part ends by timing every point up to :data:`RETIME_MAX_N` again, ours, Flex and
+cuDNN in turn, :data:`RETIME_ROUNDS` rounds (who goes first rotates): a retimed row's ``ms`` is the median of
+its rounds (``eager_rounds``), its first timing stays as ``ms_first``. The JSON is rewritten after every
+point (a crash keeps the finished rows). The table printed last is the interpolated crossover per family and pass (and length, for
 the kept-fraction families): measured for ours and for FlexAttention, eager and on the device, and
 predicted for ours.
 """
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -90,6 +95,12 @@ HOST_PROBE = ("window1024", 2048)
 HOST_PROBE_CALLS = 200
 #: the host path a part ran, by whether the cached launch was on (:mod:`sparseattn.roofline.host`)
 HOST_PATHS = {True: CURRENT_PATH, False: RECORDED_PATH}
+#: the interleaved re-timing at the end of a prefill part (:func:`retime`): points up to this length, rounds,
+#: Triton ``do_bench`` windows of each timing (ms), and the seconds one timing is budgeted at
+RETIME_MAX_N = 8192
+RETIME_ROUNDS = 3
+RETIME_WARMUP_MS, RETIME_REP_MS = 25, 100
+RETIME_CALL_S = 0.25
 #: first guesses of one FlexAttention compile + timing (s), replaced by the slowest seen in the run
 FLEX_GUESS_S = {"fwd": 30.0, "bwd": 60.0}
 DTYPE, DTYPE_NAME = torch.bfloat16, "bf16"
@@ -188,6 +199,10 @@ class _Run:
         self.shape = Shape(B=1, Hq=args.heads, Hkv=args.heads, D=args.head_dim, dtype=DTYPE)
         self.inputs: Dict[tuple, tuple] = {}
         self.dense: Dict[tuple, float] = {}
+        # the eager calls :func:`retime` times again: point -> {impl: (index in records, timed callable)}
+        self.eager: Dict[tuple, Dict[str, tuple]] = {}
+        self.dense_eager: Dict[tuple, tuple] = {}  # (pass, N, envelope) -> (index, callable) of the cuDNN row
+        self.retime_reserve = 0.0  # seconds the Flex compiles leave to the re-timing
         self.flex_seen: Dict[str, List[float]] = {"fwd": [], "bwd": []}  # first-call seconds observed
         self.flex_compiled: set = set()  # (pass, family, N): a kept fraction or document count reuses it
         self.budget = Budget(args.budget_s)
@@ -201,8 +216,18 @@ class _Run:
         seen = self.flex_seen[pass_][-3:]  # the first compile of a process also warms Inductor up
         return 1.2 * max(seen) + 2.0 if seen else FLEX_GUESS_S[pass_]
 
-    def add(self, r: Record) -> None:
+    def add(self, r: Record, timed: Optional[Callable] = None, point: Optional[tuple] = None) -> None:
+        """Keep a row; with ``timed`` (its eager call) and ``point`` (pass, family, grid value, N), the row is
+        one of the point's re-timed ones."""
         self.records.append(r)
+        if timed is not None and point is not None and r.ms is not None:
+            self.eager.setdefault(point, {})[r.impl] = (len(self.records) - 1, timed)
+
+    def with_dense(self, point: tuple, env: str) -> None:
+        """Re-time the cuDNN row of ``point``'s length and envelope with it."""
+        pass_, N = point[0], point[-1]
+        if (pass_, N, env) in self.dense_eager:
+            self.eager.setdefault(point, {})[Impl.CUDNN] = self.dense_eager[(pass_, N, env)]
 
     def save(self) -> None:
         C.write_json(NAME, self.records, self.args.out, self.env, meta=self.meta)
@@ -249,11 +274,11 @@ def _layout_of(pt: dict):
     return lay, env, case
 
 
-def _timed(run: _Run, pass_: str, fn, q, k, v, do) -> float:
-    """Median ms of the forward, or of the backward alone (gradients from one kept forward)."""
-    if pass_ == "fwd":
-        return C.time_gpu(fn)
-    return C.time_gpu(C.grad_fn(fn, (q, k, v), do))
+def _timed(run: _Run, pass_: str, fn, q, k, v, do) -> tuple:
+    """``(median ms, the timed callable)`` of the forward, or of the backward alone (gradients from one kept
+    forward; the callable keeps it for :func:`retime`)."""
+    timed = fn if pass_ == "fwd" else C.grad_fn(fn, (q, k, v), do)
+    return C.time_gpu(timed), timed
 
 
 def _device_ms(run: _Run, pass_: str, make: Callable, N: int) -> Optional[float]:
@@ -274,7 +299,7 @@ def _dense_row(run: _Run, pass_: str, N: int, env: str) -> None:
     case = {**_base(N, run.args), "pattern": env, "envelope": env}
     pred = _prefill_pred(envelope_layout(env, N, N), run, pass_, "cudnn")
     try:
-        ms = _timed(run, pass_, C.sdpa_fn(q, k, v, "cudnn", env == "causal"), q, k, v, do)
+        ms, timed = _timed(run, pass_, C.sdpa_fn(q, k, v, "cudnn", env == "causal"), q, k, v, do)
         dev_ms = _device_ms(run, pass_, lambda a, b, c: C.sdpa_fn(a, b, c, "cudnn", env == "causal")(), N)
     except RuntimeError as e:  # the backend refused the shape
         C.note(f"cudnn {env} N={N} {pass_}: {e}")
@@ -283,6 +308,8 @@ def _dense_row(run: _Run, pass_: str, N: int, env: str) -> None:
         return
     run.dense[(pass_, N, env)] = ms
     run.add(Record(case, Impl.CUDNN, pass_, ms, {**pred, "part": pass_, "device_ms": dev_ms}))
+    if N <= RETIME_MAX_N:
+        run.dense_eager[(pass_, N, env)] = (len(run.records) - 1, timed)
 
 
 def _ours_rows(run: _Run, pass_: str, pt: dict) -> None:
@@ -302,15 +329,18 @@ def _ours_rows(run: _Run, pass_: str, pt: dict) -> None:
     if tiles != case["tiles"]:
         raise AssertionError(f"{case['pattern']} N={N}: {tiles} tiles on {run.dev}, {case['tiles']} on the CPU")
     call = lambda: sparse_attention(q, k, v, dev_lay)  # noqa: E731
-    ms = _timed(run, pass_, call, q, k, v, do)
+    ms, timed = _timed(run, pass_, call, q, k, v, do)
     # the same call back to back without do_bench's L2 flush: where the host is the slower side, the event
     # times of the recorded sweep split into two groups ~2x apart; this is the per-call wall time of a loop
     loop_ms = C.time_loop(call if pass_ == "fwd" else C.grad_fn(call, (q, k, v), do), device=run.dev)
     dev_ms = _device_ms(run, pass_, lambda a, b, c: sparse_attention(a, b, c, dev_lay), N)
     flops = C.tile_flops(lay, args.heads, args.head_dim) * (1.0 if pass_ == "fwd" else 3.5)
+    point = pt["point"] = _point(pass_, pt["family"], pt["x"], N)
     run.add(Record(case, Impl.OURS, pass_, ms, {**_prefill_pred(lay, run, pass_), "part": pass_,
                                                 "tile_tflops": flops / ms / 1e9, "loop_ms": loop_ms,
-                                                "device_ms": dev_ms}))
+                                                "device_ms": dev_ms}), timed if point else None, point)
+    if point:
+        run.with_dense(point, env)
     if pass_ == "fwd" and pt["family"] in LENGTH_FAMILIES and 1 * args.heads * N * N * 2 * 3 <= args.naive_max_bytes:
         mask = dev_lay.to_dense()
         run.add(Record(case, Impl.NAIVE, pass_, C.time_gpu(C.naive_fn(q, k, v, mask)), {"part": pass_}))
@@ -324,17 +354,17 @@ def _flex_row(run: _Run, pass_: str, pt: dict) -> None:
     # a kept fraction or a document count at a compiled length does not recompile; a window's length does
     key = (pass_, pt["family"], pt["N"]) if pt["family"] in KEEP_FAMILIES else (pass_, case["pattern"], pt["N"])
     estimate = run.flex_estimate(pass_, key)
-    if not run.budget.allows(estimate):
+    if not run.budget.allows(estimate + run.retime_reserve):
         run.add(Record(case, Impl.FLEX, pass_, None, {**extra, "error": f"skipped: {run.budget.left():.0f} s left of "
                                                       f"the time budget, a compile takes up to {estimate:.0f} s"}))
         return
-    run.add(_flex_time(run, pass_, pt["N"], pt["device_layout"], key, case, extra))
+    run.add(*_flex_time(run, pass_, pt["N"], pt["device_layout"], key, case, extra), pt.get("point"))
 
 
-def _flex_time(run: _Run, pass_: str, N: int, device_layout, key: tuple, case: dict, extra: dict) -> Record:
-    """FlexAttention compiled on ``device_layout``'s block mask: its row (eager and device times, the first
-    call's seconds, counted as a compile of ``key`` when it was one), or a row with the error when the compile
-    or a launch fails (recorded, not fatal)."""
+def _flex_time(run: _Run, pass_: str, N: int, device_layout, key: tuple, case: dict, extra: dict) -> tuple:
+    """FlexAttention compiled on ``device_layout``'s block mask: ``(row, timed callable)`` -- the row with
+    the eager and device times and the first call's seconds (counted as a compile of ``key`` when it was one),
+    or a row with the error and no callable when the compile or a launch fails (recorded, not fatal)."""
     q, k, v, do = run.qkv(N, pass_ == "bwd")
     t0 = time.perf_counter()
     try:
@@ -348,17 +378,17 @@ def _flex_time(run: _Run, pass_: str, N: int, device_layout, key: tuple, case: d
             torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
         C.synchronize(run.dev)
         first = time.perf_counter() - t0
-        ms = _timed(run, pass_, fn, q, k, v, do)
+        ms, timed = _timed(run, pass_, fn, q, k, v, do)
         flex = C.compiled_flex()
         dev_ms = _device_ms(run, pass_, lambda a, b, c: flex(a, b, c, block_mask=bm), N)
     except Exception as e:  # a compile or launch failure
         err = f"{type(e).__name__}: {str(e)[:200]}"
         C.note(f"flex {case['pattern']} N={N} {pass_}: {err}")
-        return Record(case, Impl.FLEX, pass_, None, {**extra, "error": err})
+        return Record(case, Impl.FLEX, pass_, None, {**extra, "error": err}), None
     if key not in run.flex_compiled:
         run.flex_seen[pass_].append(first)
         run.flex_compiled.add(key)
-    return Record(case, Impl.FLEX, pass_, ms, {**extra, "first_call_s": first, "device_ms": dev_ms})
+    return Record(case, Impl.FLEX, pass_, ms, {**extra, "first_call_s": first, "device_ms": dev_ms}), timed
 
 
 def _routing_rows(run: _Run, pass_: str) -> None:
@@ -372,7 +402,7 @@ def _routing_rows(run: _Run, pass_: str) -> None:
         C.note("routing family skipped: sparseattn.routing has no route() yet")
         return
     args = run.args
-    for N in ([int(x) for x in args.keep_n.split(",")] if args.keep_n else KEEP_N[pass_]):
+    for N in _keep_lengths(pass_, args):
         q, k, v, do = run.qkv(N, pass_ == "bwd")
         nk = math.ceil(N / 128)
         for x in ROUTING_KEEPS:
@@ -392,21 +422,24 @@ def _routing_rows(run: _Run, pass_: str) -> None:
                         "topk": topk, "envelope": env, "kept": st["logical_edges"] / (cpu.B * cpu.H * env_cells),
                         "block": 128, "tiles": st["listed_tiles"], "logical_density": st["logical_density"]}
                 pred = _prefill_pred(cpu, run, pass_)
-                ms = _timed(run, pass_, lambda: sparse_attention(q, k, v, lay), q, k, v, do)
+                ms, timed = _timed(run, pass_, lambda: sparse_attention(q, k, v, lay), q, k, v, do)
                 dev_ms = _device_ms(run, pass_, lambda a, b, c, lay=lay: sparse_attention(a, b, c, lay), N)
             except Exception as e:  # an interface this hook does not know yet: say so, measure the rest
                 C.note(f"routing family stopped: {type(e).__name__}: {str(e)[:160]}")
                 return
             run.add(Record(case, Impl.OURS, Pass.ROUTE, ms_route, {"part": pass_}))
             _dense_row(run, pass_, N, env)
+            point = _point(pass_, "routing", x, N)
             run.add(Record(case, Impl.OURS, pass_, ms, {**pred, "part": pass_, "route_ms": ms_route,
-                                                        "device_ms": dev_ms}))
+                                                        "device_ms": dev_ms}), timed, point)
+            if point:
+                run.with_dense(point, env)
             # FlexAttention on the same routed blocks (its own routing pipeline is the routing suite's): the
             # shapes of a length's block mask do not change with top-k, so one compile per length and pass
             key = (pass_, "routing", N)
-            if not run.args.no_flex and run.budget.allows(run.flex_estimate(pass_, key)):
-                run.add(_flex_time(run, pass_, N, lay, key, case,
-                                   {**_prefill_pred(cpu, run, pass_, "flex"), "part": pass_}))
+            if not run.args.no_flex and run.budget.allows(run.flex_estimate(pass_, key) + run.retime_reserve):
+                run.add(*_flex_time(run, pass_, N, lay, key, case,
+                                    {**_prefill_pred(cpu, run, pass_, "flex"), "part": pass_}), point)
             run.save()
 
 
@@ -416,6 +449,10 @@ def prefill_part(run: _Run, pass_: str, bar) -> None:
     run.meta["parts"][pass_]["host_ms"] = probe_host(run, pass_)
     run.meta["parts"][pass_]["host_probe"] = {"pattern": HOST_PROBE[0], "N": HOST_PROBE[1]}
     run.meta["parts"][pass_]["host_path"] = HOST_PATHS[_fast_launch.is_enabled()]
+    n_retimed = sum(pt["N"] <= RETIME_MAX_N for pt in pts)
+    if not run.args.families or "routing" in run.args.families.split(","):
+        n_retimed += len(ROUTING_KEEPS) * sum(N <= RETIME_MAX_N for N in _keep_lengths(pass_, run.args))
+    run.retime_reserve = RETIME_ROUNDS * n_retimed * 3 * RETIME_CALL_S
     for pt in pts:
         if not run.budget.allows(0.0):
             C.note(f"time budget spent: {pass_} point {pt['family']} x={pt['x']} N={pt['N']} not measured")
@@ -426,10 +463,15 @@ def prefill_part(run: _Run, pass_: str, bar) -> None:
         bar.update()
     if not run.args.families or "routing" in run.args.families.split(","):
         _routing_rows(run, pass_)
-    if run.args.no_flex:
-        return
-    # FlexAttention: one point of each family in turn, each family's points from the ends of its grid
-    # inwards, so a budget cut leaves every family points across its whole range
+    if not run.args.no_flex:
+        _flex_points(run, pass_, pts, bar)
+    retime(run, pass_)
+    run.save()
+
+
+def _flex_points(run: _Run, pass_: str, pts: List[dict], bar) -> None:
+    """FlexAttention: one point of each family in turn, each family's points from the ends of its grid
+    inwards, so a budget cut leaves every family points across its whole range."""
     by_family: Dict[str, list] = {}
     for pt in pts:
         if "case" in pt:
@@ -441,6 +483,43 @@ def prefill_part(run: _Run, pass_: str, bar) -> None:
         _flex_row(run, pass_, pt)
         run.save()
         bar.update()
+
+
+def _keep_lengths(pass_: str, args) -> List[int]:
+    """The lengths of the kept-fraction and routing families (``--keep-n``, else :data:`KEEP_N`)."""
+    return [int(x) for x in args.keep_n.split(",")] if args.keep_n else list(KEEP_N[pass_])
+
+
+def _point(pass_: str, family: str, x, N: int) -> Optional[tuple]:
+    """The key of a prefill point :func:`retime` times again, or None above :data:`RETIME_MAX_N`."""
+    return (pass_, family, x, N) if N <= RETIME_MAX_N else None
+
+
+def retime(run: _Run, pass_: str) -> None:
+    """Time the eager calls of every point of ``pass_`` again, ours, FlexAttention and cuDNN in turn,
+    :data:`RETIME_ROUNDS` rounds, the first impl rotating; a round starts only if the budget covers it. Each
+    re-timed row gets ``ms`` = the median of its rounds (a cuDNN row shared by several points: of all of
+    them), ``eager_rounds`` and ``ms_first`` (its first timing, minutes from the others'). Points with one
+    impl measured are left as they are."""
+    groups = [g for key, g in run.eager.items() if key[0] == pass_ and len(g) > 1]
+    if not groups:
+        return
+    times: Dict[int, List[float]] = {}
+    round_s = RETIME_CALL_S * sum(len(g) for g in groups)
+    for rnd in range(RETIME_ROUNDS):
+        if not run.budget.allows(round_s):
+            C.note(f"time budget spent: {pass_} eager re-timing stopped after {rnd} of {RETIME_ROUNDS} rounds")
+            break
+        for g in groups:
+            members = sorted(g.values())
+            members = members[rnd % len(members):] + members[:rnd % len(members)]
+            for idx, timed in members:
+                times.setdefault(idx, []).append(C.time_gpu(timed, warmup_ms=RETIME_WARMUP_MS,
+                                                            rep_ms=RETIME_REP_MS))
+    for idx, ts in times.items():
+        r = run.records[idx]
+        run.records[idx] = Record(r.case, r.impl, r.pass_, statistics.median(ts),
+                                  {**r.extra, "ms_first": r.ms, "eager_rounds": [round(t, 5) for t in ts]})
 
 
 def spread_order(n: int) -> List[int]:
