@@ -136,6 +136,32 @@ def test_eager_times_are_retimed_in_interleaved_rounds(tiny, monkeypatch):
     assert bf.one(Impl.CUDNN, Pass.FWD, pattern="causal", N=384).get("eager_rounds") is None
 
 
+def test_retimed_calls_run_their_own_point(tiny, monkeypatch):
+    """The callable kept for the re-timing runs the point's own layout and inputs, also for the routing family,
+    whose points come from one loop (a closure over the loop's names timed the last point's layout: the
+    first GPU run with re-timing recorded every routed forward at the cost of the last one)."""
+    from sparseattn import routing
+    kept = {}
+    monkeypatch.setattr(X, "retime", lambda run, pass_: kept.update(run.eager))
+    seen = []
+    real = X.sparse_attention
+    monkeypatch.setattr(X, "sparse_attention", lambda q, k, v, lay, **kw: seen.append((q.shape[2], lay)) or
+                        real(q, k, v, lay, **kw))
+    X.run(_args(tiny, part="fwd", families="routing", keep_n="256,384", no_flex=True))
+    ours = {key: g[Impl.OURS] for key, g in kept.items() if Impl.OURS in g}
+    assert len(ours) == len(X.ROUTING_KEEPS) * 2
+    layouts = []
+    for (pass_, family, x, N), (_, timed) in ours.items():
+        seen.clear()
+        timed()
+        (n, lay), = seen
+        nk = math.ceil(N / 128)
+        assert family == "routing" and n == N and lay.width >= max(1, round(x * nk)) and lay.q_len == N
+        layouts.append(lay)
+    assert len({id(lay) for lay in layouts}) == len(layouts)
+    del routing
+
+
 def test_retiming_stops_when_the_budget_cannot_cover_a_round(tiny, capsys):
     run = X._Run(_args(tiny), dict(ENV), [], {"parts": {}})
     calls = []
