@@ -774,7 +774,7 @@ def test_balance_suite_on_cpu(cpu_stand_ins):
     assert all(c["graph"] is None for n, c in cases.items() if n != "routed skewed (synthetic)")
     fig = V.recorded_figure(bf)
     # plain, auto, fixed chunk, persistent, FlexAttention (this run measured it), ideal
-    assert [len(t.y) for t in fig.data] == [len(BB.CASES)] * 6 and fig.layout.yaxis.title.text == "time (ms)"
+    assert [len(t.y) for t in fig.data] == [len(BB.CASES)] * 6 and fig.layout.yaxis.title.text == "ms per call (median)"
     assert fig.data[4].name.startswith("FlexAttention")
     # the ideal's calibration: equal rows, one record per (N, H)
     assert {(r.case["N"], r.case["for_heads"]) for r in bf.select(Impl.OURS, Pass.FWD, case="equal rows")} == \
@@ -903,7 +903,7 @@ def test_ch10_reads_a_file_with_flex_rows_and_a_backward_record(tmp_path, monkey
     assert all(x["met"] for x in near.values())
     fig = V.recorded_bwd_figure(bwd)
     assert [d.name for d in fig.data][:3] == ["plain dQ pass", "split dQ pass", "FlexAttention backward"]
-    assert fig.layout.yaxis.title.text == "time (ms)"
+    assert fig.layout.yaxis.title.text == "ms per call (median)"
     # the notebook's cells that depend on what the files hold, run against the synthetic files
     monkeypatch.setattr(book, "BENCH_DIR", tmp_path)
     nb = json.loads((pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "10_load_balance.ipynb").read_text())

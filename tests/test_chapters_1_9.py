@@ -105,12 +105,18 @@ def test_four_ways_series_merges_the_two_suites(xo):
     with pytest.raises(LookupError, match="N=3000"):
         V1.four_ways_bars(pre, xo, "window2048", 3000)
     assert len(V1.four_ways_bars(pre, xo, "window2048", 2048).data[0].x) == 4
-    # the bars of one length come from one run: the prefill run at 8192, where all four were measured
-    bars = V1.four_ways_bars(pre, xo, "sinks64+window1024", 8192)
-    assert "prefill suite" in bars.layout.title.text and bars.data[0].type == "scatter"
-    assert list(bars.data[0].y) == [pre.ms(i, Pass.FWD, pattern=p, N=8192) for i, p in (
+    # the bars of one length come from one run: at 8192 both runs measured all four, and the newer (the
+    # crossover run) is drawn; at 32768 only the prefill run measured ours
+    rec = load("crossover")
+    bars = V1.four_ways_bars(pre, rec, "sinks64+window1024", 8192)
+    assert "crossover suite" in bars.layout.title.text and bars.data[0].type == "scatter"
+    assert list(bars.data[0].y) == [rec.ms(i, Pass.FWD, pattern=p, N=8192) for i, p in (
         (Impl.NAIVE, "sinks64+window1024"), (Impl.FLEX, "sinks64+window1024"), (Impl.OURS, "sinks64+window1024"),
         (Impl.CUDNN, "causal"))]
+    bars = V1.four_ways_bars(pre, rec, "sinks64+window1024", 32768)
+    assert "prefill suite" in bars.layout.title.text
+    assert list(bars.data[0].y)[-2:] == [pre.ms(i, Pass.FWD, pattern=p, N=32768) for i, p in (
+        (Impl.OURS, "sinks64+window1024"), (Impl.CUDNN, "causal"))]
 
 
 

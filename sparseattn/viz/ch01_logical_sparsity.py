@@ -157,15 +157,15 @@ def four_ways_figure(prefill: BenchFile, crossover: Optional[BenchFile], pattern
 
 
 def four_ways_bars(prefill: BenchFile, crossover: Optional[BenchFile], pattern: str, N: int) -> go.Figure:
-    """The four ways at one length, from one run (the run that measured the most of them at N, the prefill run
-    on a tie): dots on a log axis (ms), with each one's ratio to ours."""
+    """The four ways at one length, from one run (the run that measured the most of them at N, the newer
+    crossover run on a tie): dots on a log axis (ms), with each one's ratio to ours."""
     runs = [f for f in runs_of(prefill, crossover, pattern)
             if any(n == N for n, _, _ in one_run(f, pattern)[Impl.OURS])]
     if not runs:
         have = sorted({n for f in runs_of(prefill, crossover, pattern) for n, _, _ in one_run(f, pattern)[Impl.OURS]})
         raise LookupError(f"{pattern}: ours was not measured at N={N}; lengths: {have}")
     count = lambda f: sum(any(n == N for n, _, _ in pts) for pts in one_run(f, pattern).values())  # noqa: E731
-    f = max(reversed(runs), key=count)
+    f = max(runs, key=count)  # runs_of lists the crossover run first: max keeps the first of equals
     series = one_run(f, pattern)
     at = {impl: next((ms for n, ms, _ in pts if n == N), None) for impl, pts in series.items()}
     ours = at[Impl.OURS]

@@ -155,7 +155,7 @@ def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figu
     r = BAL.report(layout, 1, heads, block_m=128, split=chunk, sms=SMS, program_overhead=over, head_dim=D)
     lens = BB.doc_lengths(32768, seed=1, median=1024, sigma=sigma)
     return _work_histogram(
-        r, 450, f"{len(lens)} documents (longest {int(lens.max())} tokens), {heads} "
+        r, 450, f"{len(lens)} documents packed into 32k tokens (longest {int(lens.max())} tokens), {heads} "
                 f"{'head' if heads == 1 else 'heads'}, chunk {chunk!r}<br><sup>"
                 f"predicted: plain {r.makespan_plain * ms:.3f} ms, split {r.makespan_split * ms:.3f} ms, ideal "
                 f"{r.ideal * ms:.3f} ms (roofline tile time, {SMS} SMs)</sup>")
@@ -412,7 +412,7 @@ def _bars_with_ideal(labels, series, ideal, height: int, title: str) -> go.Figur
     vals = [v for _, ys, *_ in series for v in ys if v] + [v for v in ideal if v]
     fig.update_layout(barmode="group", height=height, title_font_size=14, legend=dict(orientation="h", y=-0.28),
                       title=title, xaxis=dict(title="case (query and key length, heads)", tickangle=0),
-                      yaxis=dict(type="log", title="time (ms)",
+                      yaxis=dict(type="log", title="ms per call (median)",
                                  range=[math.log10(min(vals)) - 0.1, math.log10(max(vals)) + 0.1]))
     return full_log_ticks(fig)  # labelled ticks (0.2, 0.5, 2, ...), not plotly's bare minor digits
 
