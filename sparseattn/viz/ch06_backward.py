@@ -70,7 +70,7 @@ def backward_figure(bwd: BenchFile, fwd: BenchFile) -> go.Figure:
     cud = [bwd.ms(Impl.CUDNN, Pass.BWD, pattern=dense_pattern_of(p), N=N) for p in pats]
     fig.add_trace(go.Scatter(x=pats, y=cud, mode="markers", marker=dict(symbol="line-ew-open", size=40,
                                                                          color=COLORS[Impl.CUDNN]),
-                             name="cuDNN backward, same work (causal or dense)"))
+                             name="cuDNN backward on the envelope (causal or dense)"))
     fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="time (ms, median)", xaxis_title="pattern",
                       height=480, title_font_size=14, legend=dict(orientation="h", y=-0.3),
                       title=f"Backward and forward at N = 32k<br><sup>bf16, B=1, H=16, D=128, 128-token tiles, "
