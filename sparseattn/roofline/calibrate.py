@@ -607,7 +607,8 @@ def sweep_series(rows: List[dict]) -> Dict[str, dict]:
         impl = r.get("impl") or r["group"].split("/")[0]
         pass_ = r.get("pass") or r["group"].split("/")[1]
         graph = " graph" if r["id"].endswith(":graph") else ""
-        return f"{impl} {pass_} {r.get('family') or ''}".strip() + graph
+        family = r.get("family") or ""
+        return f"{impl} {pass_}" + (f" {family}" if family and family != pass_ else "") + graph
 
     out = {name: _dist([r["ratio"] for r in ev if series_of(r) == name]) for name in sorted({series_of(r) for r in ev})}
     for name, keep in (("N < 8k", lambda r: r.get("N", 0) < 8192), ("N >= 8k", lambda r: r.get("N", 0) >= 8192)):

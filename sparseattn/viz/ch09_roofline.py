@@ -369,7 +369,8 @@ def crossover_figure(doc: BenchFile, family: str, pass_: str, N: Optional[int] =
     v = e["variable"]
     fig.update_layout(xaxis_type="log", yaxis_type="log", height=450, title_font_size=12, xaxis_title=what,
                       yaxis_title=f"speedup over {e['envelope']} cuDNN", legend=dict(font=dict(size=10)),
-                      title=f"{e['pattern']} {pass_}{where}, eager calls<br><sup>crossover: ours "
+                      title=f"{e['pattern']}{'' if e['pattern'] == pass_ else ' ' + pass_}{where}, eager "
+                            f"calls<br><sup>crossover: ours "
                             f"{_bfmt(e['ours_bracket'], v)}, "
                             f"FlexAttention {_bfmt(e['flex_bracket'], v)}<br>predicted (ours) "
                             f"{_fmt(e['ours_predicted'])}<br>{_part_caption(doc, pass_)}</sup>")

@@ -155,7 +155,7 @@ def explorer_figure(sigma: float = 1.5, chunk="auto", heads: int = 1) -> go.Figu
     r = BAL.report(layout, 1, heads, block_m=128, split=chunk, sms=SMS, program_overhead=over, head_dim=D)
     lens = BB.doc_lengths(32768, seed=1, median=1024, sigma=sigma)
     return _work_histogram(
-        r, 450, f"{len(lens)} documents packed into 32k tokens (longest {int(lens.max())} tokens), {heads} "
+        r, 450, f"{len(lens)} documents in 32k tokens (longest {int(lens.max())}), {heads} "
                 f"{'head' if heads == 1 else 'heads'}, chunk {chunk!r}<br><sup>"
                 f"predicted: plain {r.makespan_plain * ms:.3f} ms, split {r.makespan_split * ms:.3f} ms, ideal "
                 f"{r.ideal * ms:.3f} ms (roofline tile time, {SMS} SMs)</sup>")
