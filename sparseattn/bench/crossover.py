@@ -40,9 +40,9 @@ minutes apart, and where the host sets them (short lengths, low kept fractions) 
 decides who wins; so each part ends by timing every point up to :data:`RETIME_MAX_N` again, ours, Flex and
 cuDNN in turn, :data:`RETIME_ROUNDS` rounds (who goes first rotates): a retimed row's ``ms`` is the median of
 its rounds (``eager_rounds``), its first timing stays as ``ms_first``. The JSON is rewritten after every
-point (a crash keeps the finished rows). The table printed last is the interpolated crossover per family and pass (and length, for
-the kept-fraction families): measured for ours and for FlexAttention, eager and on the device, and
-predicted for ours.
+point (a crash keeps the finished rows). The table printed last is the interpolated crossover per family
+and pass (and length, for the kept-fraction families): measured for ours and for FlexAttention, eager and
+on the device, and predicted for ours.
 """
 from __future__ import annotations
 
