@@ -12,7 +12,8 @@ For window 1024 at N = 2048 (B=1, H=16, D=128, bf16) it records host microsecond
   and join, allocations) as the share of the direct call they take;
 * our forward on a static and on a routed (dynamic) layout, with the same stage split.
 
-Recorded three times on 2026-12-01 (H200): ``host-stages-1-h200.json`` on c23a5da (backward with five launches
+Since the launch plans keep their cache hits (2026-12-01, late), a launch's own stages are ``launch_direct``
+(a kept hit), the keyed ``_fast_launch.launch`` and ``direct_for``. Recorded three times on 2026-12-01 (H200): ``host-stages-1-h200.json`` on c23a5da (backward with five launches
 and a side stream), ``-2`` after the raw launcher entry, the kept fork/join events and the shape-keyed plans of
 dynamic layouts, ``-3`` after the one-launch backward. Host times move by a third between runs (the autograd
 floor read 114, 88 and 113 us): compare rows within one file.
@@ -83,11 +84,14 @@ def staged(fn, wraps):
 
 
 def _launch_internals():
-    """Stages inside a launch: our cache key, Triton's encoding of a tensor descriptor into a tensor map."""
+    """Stages inside a launch: a kept hit's argument check and launch (``launch_direct``), the keyed cache
+    (``launch``, its key ``_arg_key``), keeping a new hit (``direct_for``), and Triton's encoding of a tensor
+    descriptor into a tensor map."""
     from triton.backends.nvidia import driver
 
     from sparseattn import _fast_launch
-    return [(_fast_launch, "_arg_key"), (driver, "make_tensordesc_arg")]
+    return [(_fast_launch, "launch_direct"), (_fast_launch, "launch", "_fast_launch.launch (keyed)"),
+            (_fast_launch, "direct_for"), (_fast_launch, "_arg_key"), (driver, "make_tensordesc_arg")]
 
 
 class _Nothing(torch.autograd.Function):
