@@ -140,7 +140,6 @@ def test_retimed_calls_run_their_own_point(tiny, monkeypatch):
     """The callable kept for the re-timing runs the point's own layout and inputs, also for the routing family,
     whose points come from one loop (a closure over the loop's names timed the last point's layout: the
     first GPU run with re-timing recorded every routed forward at the cost of the last one)."""
-    from sparseattn import routing
     kept = {}
     monkeypatch.setattr(X, "retime", lambda run, pass_: kept.update(run.eager))
     seen = []
@@ -159,7 +158,6 @@ def test_retimed_calls_run_their_own_point(tiny, monkeypatch):
         assert family == "routing" and n == N and lay.width >= max(1, round(x * nk)) and lay.q_len == N
         layouts.append(lay)
     assert len({id(lay) for lay in layouts}) == len(layouts)
-    del routing
 
 
 def test_retiming_stops_when_the_budget_cannot_cover_a_round(tiny, capsys):
