@@ -619,10 +619,12 @@ def sweep_series(rows: List[dict]) -> Dict[str, dict]:
     return out
 
 
-def series_table(series: Dict[str, dict], before: Optional[Dict[str, dict]] = None) -> str:
-    """:func:`sweep_series` as a fixed-width table, with a ``before`` model's share within 25% beside it."""
+def series_table(series: Dict[str, dict], before: Optional[Dict[str, dict]] = None,
+                 before_label: str = "before") -> str:
+    """:func:`sweep_series` as a fixed-width table, with a ``before`` model's share within 25% beside it (its
+    column headed ``before_label``)."""
     lines = [f"{'sweep series':32s} {'n':>3s} {'median':>7s} {'p10':>6s} {'p90':>6s} {'in +-25%':>8s}"
-             + ("  before" if before else "")]
+             + (f"  {before_label}" if before else "")]
     for name, d in series.items():
         if not d["n"]:
             continue
