@@ -448,15 +448,17 @@ def _routing_rows(run: _Run, pass_: str) -> None:
 
 
 def prefill_part(run: _Run, pass_: str, bar) -> None:
-    """Ours, naive and cuDNN on every point first (no compiles), then FlexAttention while the budget lasts."""
+    """Ours, naive and cuDNN on every point first (no compiles), then FlexAttention while the budget lasts
+    (leaving :func:`retime` its share), then the eager calls of every point again, interleaved."""
     pts = points(pass_, run.args)
+    routing = not run.args.families or "routing" in run.args.families.split(",")
     run.meta["parts"][pass_]["host_ms"] = probe_host(run, pass_)
     run.meta["parts"][pass_]["host_probe"] = {"pattern": HOST_PROBE[0], "N": HOST_PROBE[1]}
     run.meta["parts"][pass_]["host_path"] = HOST_PATHS[_fast_launch.is_enabled()]
     n_retimed = sum(pt["N"] <= RETIME_MAX_N for pt in pts)
-    if not run.args.families or "routing" in run.args.families.split(","):
+    if routing:
         n_retimed += len(ROUTING_KEEPS) * sum(N <= RETIME_MAX_N for N in _keep_lengths(pass_, run.args))
-    run.retime_reserve = RETIME_ROUNDS * n_retimed * 3 * RETIME_CALL_S
+    run.retime_reserve = RETIME_ROUNDS * n_retimed * 3 * RETIME_CALL_S  # ours, Flex, cuDNN per point
     for pt in pts:
         if not run.budget.allows(0.0):
             C.note(f"time budget spent: {pass_} point {pt['family']} x={pt['x']} N={pt['N']} not measured")
@@ -465,7 +467,7 @@ def prefill_part(run: _Run, pass_: str, bar) -> None:
         _ours_rows(run, pass_, pt)
         run.save()
         bar.update()
-    if not run.args.families or "routing" in run.args.families.split(","):
+    if routing:
         _routing_rows(run, pass_)
     if not run.args.no_flex:
         _flex_points(run, pass_, pts, bar)
