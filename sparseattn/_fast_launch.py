@@ -32,6 +32,15 @@ the same argument names skips even the key. It checks what the key holds -- each
 alignment, each descriptor's dtype, shape, strides and block, every other value exactly, the device -- and
 finds its tensor maps by base address. That key is most of a hit's host time (about a dozen arguments per
 call), so the plans of the prefill ops keep their hits this way.
+
+A hit hands the launcher every CUDA tensor as its device address (an int; :data:`_POINTER_INTS`). Triton's C
+launcher takes an int as the pointer itself; given a tensor it calls the tensor's ``data_ptr()`` and then asks
+the driver (``cuPointerGetAttribute``) whether that address is device memory -- for every pointer argument of
+every launch, about 25 in a backward launch. The fixed tensors (a launch plan's tables) become addresses once,
+at bind time (the plan that holds them outlives every hit of its token); a kept hit reads the per-call
+tensors' addresses for its alignment check anyway and passes those. The driver's question is what turns a CPU
+tensor into an error, so only CUDA tensors are passed as addresses (the ops check every tensor's device
+before they launch).
 """
 from __future__ import annotations
 
@@ -48,6 +57,11 @@ _ENABLED = os.environ.get("SPARSEATTN_FAST_LAUNCH", "1") not in ("0", "")
 #: Whether launch plans keep their hits (:func:`direct_for`); off in a block with :func:`kept_hits` (the host
 #: suite's A/B).
 _KEEP_HITS = True
+#: Whether hits pass CUDA tensors to the launcher as device addresses (off in a block with
+#: :func:`pointer_ints`: the host suite's A/B).
+_POINTER_INTS = True
+#: Tests: CPU tensors stand in for CUDA ones (a fake launcher records the addresses).
+_HOST_POINTERS = False
 _MAX_ENTRIES = 4096  # bounded: every new sequence length is a new key
 _Tensor = torch.Tensor  # read at every kept hit
 _CACHE: Dict[tuple, "_Bound"] = {}
@@ -62,6 +76,7 @@ class _Bound(NamedTuple):
     slots: Tuple[Tuple[int, str, Any], ...]  # (position, name, descriptor expansion or None) per-call arguments
     raw: Optional[Callable]  # the launcher's C entry point (None: the compiled kernel's ``run``)
     head: tuple  # what ``raw`` takes between the stream and the kernel's arguments
+    addresses: list  # ``template`` with its CUDA tensors as their device addresses (ints), when ``raw`` is set
 
 
 class _Expand(NamedTuple):
@@ -123,7 +138,7 @@ def _expansion(slot: _Expand, desc) -> list:
         key = (desc.base.data_ptr(), *desc.shape, *desc.strides, desc.padding)
     found = slot.done.get(key)
     if found is None:
-        found = slot.expand(desc.descriptor() if type(desc) is Desc else desc, slot.meta)
+        found = [_address(v) for v in slot.expand(desc.descriptor() if type(desc) is Desc else desc, slot.meta)]
         if len(slot.done) >= _MAX_EXPANSIONS:
             slot.done.clear()
         slot.done[key] = found
@@ -169,6 +184,26 @@ def kept_hits(on: bool):
         yield
     finally:
         _KEEP_HITS = before
+
+
+@contextlib.contextmanager
+def pointer_ints(on: bool):
+    """Within the block hits pass CUDA tensors as device addresses (``True``) or as tensors (``False``; the
+    expansions of tensor descriptors, kept per address, hold addresses either way: only a descriptor without a
+    tensor map, which no GPU we launch descriptors on makes, has a tensor in its expansion)."""
+    global _POINTER_INTS
+    before, _POINTER_INTS = _POINTER_INTS, bool(on)
+    try:
+        yield
+    finally:
+        _POINTER_INTS = before
+
+
+def _address(v):
+    """``v``'s device address when it is a CUDA tensor (what Triton's launcher would read from it), else ``v``."""
+    if type(v) is torch.Tensor and (v.is_cuda or _HOST_POINTERS):
+        return v.data_ptr()
+    return v
 
 
 def clear() -> None:
@@ -251,7 +286,8 @@ def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Ca
             _CACHE[key] = bound
         stats["binds"] += 1
         return compiled
-    args = bound.template.copy()
+    ints = _POINTER_INTS and bound.raw is not None
+    args = (bound.addresses if ints else bound.template).copy()
     for i, name, expand in bound.slots:
         if expand is not None:
             args[i:i + expand.width] = _expansion(expand, kwargs[name])
@@ -259,7 +295,7 @@ def launch(kernel, grid: tuple, static: Optional[Static], kwargs: dict, slow: Ca
             v = kwargs[name]
             args[i] = v.descriptor() if type(v) is Desc else v
         else:
-            args[i] = kwargs[name]
+            args[i] = _address(kwargs[name]) if ints else kwargs[name]
     _run(bound, grid, device, args)
     return bound.compiled
 
@@ -333,7 +369,8 @@ def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
     device = torch.cuda.current_device()
     if device != d.device:
         return False
-    args = d.bound.template.copy()
+    ints = _POINTER_INTS
+    args = (d.bound.addresses if ints else d.bound.template).copy()
     for name, want, kind, position in d.values:
         v = kwargs[name]
         if type(v) is not kind or v != want:
@@ -342,9 +379,12 @@ def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
             args[position] = want
     for name, dtype, position in d.tensors:
         v = kwargs[name]
-        if type(v) is not _Tensor or v.dtype != dtype or v.data_ptr() & 15:
+        if type(v) is not _Tensor or v.dtype != dtype:
             return False
-        args[position] = v
+        p = v.data_ptr()
+        if p & 15:
+            return False
+        args[position] = p if ints and (v.is_cuda or _HOST_POINTERS) else v
     for name, dtype, shape, strides, block, position, end, expand, maps in d.descs:
         v = kwargs[name]
         if type(v) is not Desc:
@@ -356,7 +396,7 @@ def launch_direct(d: Direct, grid: tuple, kwargs: dict) -> bool:
             return False
         found = maps.get(p)
         if found is None:  # same shape and strides: the base address alone tells two tensor maps apart
-            found = expand.expand(v.descriptor(), expand.meta)
+            found = [_address(x) for x in expand.expand(v.descriptor(), expand.meta)]
             if len(maps) >= _MAX_EXPANSIONS:
                 maps.clear()
             maps[p] = found
@@ -393,9 +433,10 @@ def _bind(kernel, every: dict, per_call: dict, compiled) -> Optional[_Bound]:
     c.run  # noqa: B018 — loads the module and builds the launcher now, as the first launch did
     raw = _raw_entry(c, template, slots, every)
     if raw is None:
-        return _Bound(c, template, tuple((i, name, None) for i, name in slots), None, ())
+        return _Bound(c, template, tuple((i, name, None) for i, name in slots), None, (), template)
     entry, head, metas = raw
-    return _Bound(c, *_expanded(template, slots, metas, every), entry, head)
+    flat, flat_slots = _expanded(template, slots, metas, every)
+    return _Bound(c, flat, flat_slots, entry, head, [_address(v) for v in flat])
 
 
 def _raw_entry(c, template: list, slots: list, every: dict):

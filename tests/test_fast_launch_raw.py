@@ -45,15 +45,28 @@ def _kernel_and_launcher(meta_for_descs, calls):
     return fn, compiled
 
 
+def _same_arguments(ours, theirs, addresses: bool):
+    """Our entry point's arguments are Triton's, except that with ``addresses`` every tensor Triton's list
+    holds is its address (what the C launcher reads from it)."""
+    assert len(ours) == len(theirs)
+    for got, want in zip(ours, theirs):
+        if isinstance(want, torch.Tensor):
+            assert (got == want.data_ptr() and type(got) is int) if addresses else got is want
+        else:
+            assert got is want or got == want
+
+
 def _desc(t, rows):
     from triton.tools.tensor_descriptor import TensorDescriptor
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
 
 
+@pytest.mark.parametrize("addresses", [False, True])
 @pytest.mark.parametrize("metas", [None, [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 16, 32],
                                            "fp4_padded": False}] * 2])
-def test_raw_entry_gets_tritons_argument_list(monkeypatch, metas):
+def test_raw_entry_gets_tritons_argument_list(monkeypatch, metas, addresses):
     import triton
+    monkeypatch.setattr(F, "_HOST_POINTERS", addresses)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(triton.runtime.driver, "_active", _FakeDriver())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
@@ -74,9 +87,7 @@ def test_raw_entry_gets_tritons_argument_list(monkeypatch, metas):
     # what Triton's own launcher hands the entry point for the same arguments
     compiled.run(3, 2, 1, 77, 1234, (4, 1, 0), None, None, None, x, _desc(a2, 16), 5, True, _desc(b1, 16), x)
     theirs = calls.pop()
-    assert len(ours) == len(theirs)
-    for got, want in zip(ours, theirs):
-        assert got is want or got == want if not isinstance(want, torch.Tensor) else got is want
+    _same_arguments(ours, theirs, addresses)
     F.clear()
 
 
@@ -125,12 +136,14 @@ def test_kept_expansions_are_the_ones_a_new_encoding_gives(monkeypatch):
     F.clear()
 
 
-def test_a_kept_hit_matches_the_key_it_skips(monkeypatch):
+@pytest.mark.parametrize("addresses", [False, True])
+def test_a_kept_hit_matches_the_key_it_skips(monkeypatch, addresses):
     """A launch plan's kept hit (``direct_for`` / ``launch_direct``) hands the launcher the list Triton's own
     launcher builds for the new call, encodes a tensor map once per base address, and refuses (launches
     nothing, returns False) every call whose key would differ: another dtype, an unaligned base, another
     shape or block, another value or launch option, the cache switched off."""
     fills, calls, compiled = _counting_launcher(monkeypatch)
+    monkeypatch.setattr(F, "_HOST_POINTERS", addresses)  # CPU tensors stand in for CUDA ones
     x, y = torch.zeros(4), torch.zeros(4)
     a1, a2, b1 = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
     lazy = lambda t, rows=16: F.Desc(t, (1, 1, rows, 32))  # noqa: E731
@@ -147,9 +160,10 @@ def test_a_kept_hit_matches_the_key_it_skips(monkeypatch):
         ours = calls.pop()
         compiled.run(3, 2, 1, 77, 1234, (4, 1, 0), None, None, None, x, _desc(t, 16), 5, True, _desc(b1, 16), x)
         theirs = calls.pop()
-        assert len(ours) == len(theirs)
-        for got, want in zip(ours, theirs):
-            assert got is want if isinstance(want, torch.Tensor) else got == want
+        _same_arguments(ours, theirs, addresses)
+        with F.pointer_ints(False):  # the A/B switch: tensors again
+            assert F.launch_direct(d, (3, 2), dict(desc_a=lazy(t), Y=x, num_stages=2))
+        _same_arguments(calls.pop(), theirs, False)
     odd = torch.randn(2 * 64 * 32 + 1, dtype=torch.bfloat16)[1:].view(1, 2, 64, 32)
     refused = [dict(desc_a=lazy(a2.half()), Y=x, num_stages=2), dict(desc_a=lazy(odd), Y=x, num_stages=2),
                dict(desc_a=lazy(torch.randn(1, 2, 48, 32, dtype=torch.bfloat16)), Y=x, num_stages=2),

@@ -17,7 +17,9 @@ cuDNN on the pattern's causal envelope) this suite records:
 For our op it also records ``host_us_triton_binding``: the same host measurement with the cached launch path
 off (:mod:`sparseattn._fast_launch`), so every launch goes through Triton's own argument binding; and
 ``host_us_no_kept_hits``: with the cache on but the launch plans' kept hits off, so every launch computes
-its cache key. The three paths are measured interleaved, three rounds, medians (:func:`host_paths`).
+its cache key; and ``host_us_tensor_pointers``: with hits handing Triton's launcher tensors rather than their
+device addresses (the launcher then asks the driver about every pointer argument). The four paths are
+measured interleaved, three rounds, medians (:func:`host_paths`).
 At one length it also records a ``cProfile`` of ``n`` calls: the functions with the most own
 time, in microseconds per call (``profile`` in the row), so the host path can be cut where it is spent.
 """
@@ -45,8 +47,8 @@ PATTERNS = ["window1024", "sinks64+window1024", "causal", "random10%+diag"]
 PROFILE_N = 2048  # the length whose host path is profiled function by function
 HOST_CALLS = 200  # calls per host-time measurement
 PROFILE_TOP = 15
-COLUMNS = ["pattern", "N", "pass", "ours_ms", "ours_dev_ms", "ours_host_us", "keyed_host_us", "bound_host_us",
-           "ours_launches", "flex_ms", "flex_host_us", "cudnn_ms", "cudnn_host_us", "flex/ours"]
+COLUMNS = ["pattern", "N", "pass", "ours_ms", "ours_dev_ms", "ours_host_us", "tensor_ptr_host_us", "keyed_host_us",
+           "bound_host_us", "ours_launches", "flex_ms", "flex_host_us", "cudnn_ms", "cudnn_host_us", "flex/ours"]
 
 
 def host_us(fn: Callable, device, calls: Optional[int] = None) -> float:
@@ -133,7 +135,8 @@ def _measure(fn: Callable, device, stream=None) -> dict:
 
 #: The host paths of our op the suite compares, each entered by a context (the default path first).
 PATHS = {"host_us": contextlib.nullcontext, "host_us_no_kept_hits": lambda: _fast_launch.kept_hits(False),
-         "host_us_triton_binding": lambda: _fast_launch.enabled(False)}
+         "host_us_triton_binding": lambda: _fast_launch.enabled(False),
+         "host_us_tensor_pointers": lambda: _fast_launch.pointer_ints(False)}
 AB_ROUNDS = 3
 
 
@@ -215,5 +218,6 @@ def _table_row(row: dict, got: dict) -> None:
         row["ours_launches"] = got[Impl.OURS]["launches"]
         row["bound_host_us"] = round(got[Impl.OURS]["host_us_triton_binding"], 1)
         row["keyed_host_us"] = round(got[Impl.OURS]["host_us_no_kept_hits"], 1)
+        row["tensor_ptr_host_us"] = round(got[Impl.OURS]["host_us_tensor_pointers"], 1)
     if Impl.OURS in got and Impl.FLEX in got:
         row["flex/ours"] = round(got[Impl.FLEX]["ms"] / got[Impl.OURS]["ms"], 2)
