@@ -22,9 +22,11 @@ suite recorded with that path:
   2k, 4k). Every recorded bench file the calibration reads, the crossover sweep included (commit 9c166ce),
   ran this path, so it prices their eager calls.
 * ``"fast-launch"``: the cached launch (``sparseattn/_fast_launch.py``), with the tensor maps of its
-  descriptors kept per launch slot (2026-12-01); measured in ``book/data/bench/checks/host-desc-cache-h200.json``
-  (N = 2048; ``book/data/bench/host-h200.json`` holds the same suite before that cache, N = 1k, 2k, 4k, and
-  stays one of the calibration's device files). :func:`sparseattn.roofline.cost` prices the code as it is
+  descriptors kept per launch slot, launch plans keeping their hits and CUDA tensors handed to the launcher
+  as device addresses (2026-12-02); measured in ``book/data/bench/checks/host-5-h200.json`` (N = 2048; the
+  same suite with only the tensor-map cache is ``checks/host-desc-cache-h200.json``, and
+  ``book/data/bench/host-h200.json`` holds it before that cache, N = 1k, 2k, 4k, and stays one of the
+  calibration's device files). :func:`sparseattn.roofline.cost` prices the code as it is
   now, so it uses this path.
 
 The host's own speed moves between runs on the lent H200 machines and within one (the same eager call: 0.030
@@ -50,7 +52,7 @@ __all__ = ["HOST_FILES", "CURRENT_PATH", "RECORDED_PATH", "host_ms", "fingerprin
 BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / "book" / "data" / "bench"
 #: The host suite recorded with each host path.
 HOST_FILES = {"triton-binding": "checks/host-before-delta-kernel-h200.json",
-              "fast-launch": "checks/host-desc-cache-h200.json"}
+              "fast-launch": "checks/host-5-h200.json"}
 #: The path of the code as it is now (what :func:`sparseattn.roofline.cost` prices).
 CURRENT_PATH = "fast-launch"
 #: The path every recorded bench file the calibration reads ran (all recorded before the cached launch).
