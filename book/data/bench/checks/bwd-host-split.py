@@ -17,7 +17,9 @@ the variants' order rotating from round to round; the JSON keeps every round and
   replaced by nothing (``launches stubbed``: the op's Python without the launches);
 * ``..., tensor pointers``: ours with the launch cache handing Triton's launcher tensors instead of their
   device addresses (``_fast_launch.pointer_ints(False)``, the path before 2026-12-02).
-The device kernels each backward call runs are counted with ``torch.profiler``.
+The device kernels each backward call runs are counted with ``torch.profiler``. Recorded twice on 2026-12-02
+(H200): ``bwd-host-split-1-h200.json`` (02:45 UTC, before the addresses; no ``tensor pointers`` rows) and
+``bwd-host-split-h200.json`` (02:55 UTC, the A/B).
 """
 import contextlib
 import os

@@ -13,10 +13,11 @@ For window 1024 at N = 2048 (B=1, H=16, D=128, bf16) it records host microsecond
 * our forward on a static and on a routed (dynamic) layout, with the same stage split.
 
 Since the launch plans keep their cache hits (2026-12-01, late), a launch's own stages are ``launch_direct``
-(a kept hit), the keyed ``_fast_launch.launch`` and ``direct_for``. Recorded three times on 2026-12-01 (H200): ``host-stages-1-h200.json`` on c23a5da (backward with five launches
+(a kept hit), the keyed ``_fast_launch.launch`` and ``direct_for``. Recorded on 2026-12-01 (H200): ``host-stages-1-h200.json`` on c23a5da (backward with five launches
 and a side stream), ``-2`` after the raw launcher entry, the kept fork/join events and the shape-keyed plans of
-dynamic layouts, ``-3`` after the one-launch backward. Host times move by a third between runs (the autograd
-floor read 114, 88 and 113 us): compare rows within one file.
+dynamic layouts, ``-3`` after the one-launch backward; ``-4`` on 2026-12-02 (02:45 UTC) with the kept hits,
+before the launcher got device addresses (``checks/bwd-host-split.py`` measures that A/B). Host times move by
+a third between runs (the autograd floor read 114, 88 and 113 us): compare rows within one file.
 """
 import collections
 import os
