@@ -214,6 +214,31 @@ def test_log_axes_get_full_tick_labels_and_dots_instead_of_bars():
     assert list(fig.layout.xaxis2.tickvals) == [1, 2]  # explicit ticks are left alone
 
 
+def test_log_axes_without_a_range_reach_a_label_past_every_value():
+    """An axis plotly would range itself gets the labelled ticks just outside its values (the slowest bar of
+    chapter 6's backward figure sat above the last label), rules included; an explorer's axis, whose hidden
+    states have other values, keeps plotly's range per state."""
+    import plotly.graph_objects as go
+    from sparseattn.viz._axes import log_ticks, tidy_log
+    assert log_ticks(0.127, 33.7, outer=True)[0] == [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0]
+    assert log_ticks(0.0238, 0.5044, outer=True)[0][-1] == 0.5  # within 5% of a tick: that tick
+    narrow = log_ticks(0.19, 0.33, outer=True)[0]
+    assert narrow[0] <= 0.19 and narrow[-1] >= 0.33 and narrow[-1] / narrow[0] < 3  # a finer ladder, not 0.1-0.5
+    ends = log_ticks(1e-30, 1e10, outer=True)[0]
+    assert len(ends) <= 12 and ends[0] <= 1e-30 and ends[-1] >= 1e10
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[0.127, 33.7]))
+    fig.add_hline(y=80.0)
+    fig.update_layout(yaxis_type="log")
+    tidy_log(fig)
+    ax = fig.layout.yaxis
+    assert ax.tickvals[0] <= 0.127 and ax.tickvals[-1] >= 80 and ax.ticktext[-1] == "100"
+    assert 10 ** ax.range[0] < 0.127 and 10 ** ax.range[1] > 100 and ax.autorange is False
+    fig = go.Figure([go.Scatter(x=[1, 2], y=[0.1, 0.3]), go.Scatter(x=[1, 2], y=[10.0, 40.0], visible=False)])
+    fig.update_layout(yaxis_type="log")
+    tidy_log(fig)
+    assert fig.layout.yaxis.range is None and "20" in fig.layout.yaxis.ticktext
+
+
 def test_rule_labels_on_log_axes_sit_at_their_line():
     """Plotly reads an add_hline/add_vline label's coordinate as log10 on a log axis: "132 SMs" at y=132 sat
     at 10^132 and never showed (chapters 7 and 9)."""

@@ -15,7 +15,7 @@ from ..bench.record import BenchFile, Impl, Pass
 from ..layout import BlockLayout
 from ..ops import column_work as _column_work
 from . import COLORS
-from ._axes import log_ticks, tidy_log
+from ._axes import tidy_log
 
 __all__ = ["column_work", "column_work_figure", "backward_figure", "versus_bwd", "versus_bwd_figure",
            "versus_caption", "versus_row_dates"]
@@ -75,13 +75,7 @@ def backward_figure(bwd: BenchFile, fwd: BenchFile) -> go.Figure:
                       height=480, title_font_size=14, legend=dict(orientation="h", y=-0.3),
                       title=f"Backward and forward at N = 32k<br><sup>bf16, B=1, H=16, D=128, 128-token tiles, "
                             f"before TMA in the backward<br>{bwd.caption()}</sup>")
-    fig = tidy_log(fig)
-    # a labelled tick above the slowest point (causal and cuDNN's dense backward sit above the 1-2-5 tick
-    # below them): the range reaches a little past the data and the ticks cover it
-    vals = [y for tr in fig.data for y in (tr.y or ()) if y]
-    rng = [math.log10(min(vals)) - 0.1, math.log10(max(vals)) + 0.12]
-    tv, tt = log_ticks(10 ** rng[0], 10 ** rng[1])
-    return fig.update_yaxes(range=rng, tickmode="array", tickvals=tv, ticktext=tt)
+    return tidy_log(fig)
 
 
 # ---- issue 13's table in one run (suite ``versus``) ----------------------------------------------------------
