@@ -320,7 +320,9 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 #: N = 1024 (576 pairs) 0.50x, sinks 64 + window 1024 at 2048 (1 840) 0.82x, but window 1024 at 2048 (1 728)
 #: 1.15x and 1.09-1.14x from 4 400 to 15 232 pairs, where the calls are device-bound and pointer loads cost
 #: the forward ~14% of its device time. So only the smallest calls keep pointer loads; a first rule at 20 000
-#: pairs (from the host cost alone) made eager forwards at 2k-8k 13-15% slower in the crossover suite.
+#: pairs (from the host cost alone) made eager forwards at 2k-8k 13-15% slower in the crossover suite. The
+#: A/B times above are means of ``do_bench`` (the script's default then; it takes medians now, as the suites
+#: do, not yet re-run): at the host-bound short end they sit above the crossover suite's medians.
 TMA_MIN_PAIRS = {"fwd": 1_024, "bwd": 5_300}
 
 

@@ -18,8 +18,8 @@ def log_ticks(lo: float, hi: float, at_least: int = 3, outer: bool = False) -> T
     """Tick values from ``lo`` to ``hi`` (> 0) on a 1-2-5 ladder (finer when the span is short, so there are
     ``at_least`` ticks where it can), each labelled with its full value ("0.2", "5", "20", "1e+04").
     ``outer``: reach the ladder's ticks just outside ``lo`` and ``hi`` too (or within 5% inside), so the
-    lowest and the highest value sit between labels (a ladder that would more than square the span's ratio, plus 30%, gives way to the
-    next finer one)."""
+    lowest and the highest value sit between labels (a ladder that would more than square the span's ratio,
+    plus 30%, gives way to the next finer one)."""
     if not (lo > 0 and hi > 0):
         raise ValueError(f"log axis ends must be positive, got lo={lo!r}, hi={hi!r}")
     lo, hi = min(lo, hi), max(lo, hi)
@@ -80,7 +80,7 @@ def full_log_ticks(fig: go.Figure) -> go.Figure:
         # the highest label or below the lowest (plotly's own range pads the data by a few percent)
         tv, tt = log_ticks(min(vals), max(vals), outer=True)
         lo, hi = math.log10(min(tv[0], min(vals))), math.log10(max(tv[-1], max(vals)))
-        pad = 0.03 * max(hi - lo, 0.5)
+        pad = min(0.03 * max(hi - lo, 0.5), 0.06)  # decades: with a 2-to-5 step, under half a decade past data
         ax.update(tickmode="array", tickvals=tv, ticktext=tt, range=[lo - pad, hi + pad], autorange=False)
     return fig
 

@@ -13,13 +13,16 @@ forwards at 2k-8k 13-15% slower in the crossover suite; this A/B set it at 1 024
 A second argument replaces the rule under test (a rule above every case's pairs: pointer loads always).
 
 The backward is timed as dQ, dK, dV from a kept forward. The table printed last gives both times per rule
-and rule / always."""
+and rule / always. Each time is the median of ``do_bench``'s calls (``C.time_gpu``, as the crossover suite
+times); until 2026-12-02 this script took ``do_bench``'s default, the mean, which a host hiccup pulls up: its
+eager backward times sat 2-3x above the crossover suite's medians for the same calls at 2k
+(``bwd-tma-rule-3-h200.json``: window 2048 at N = 2048, 0.457 ms against 0.167), so the recorded rule files
+(``fwd-tma-rule-h200.json``, ``bwd-tma-rule-h200.json`` to ``-3``) are means."""
 import os
 import statistics
 import sys
 
 import torch
-from triton.testing import do_bench
 
 import sparseattn as sa
 from sparseattn.bench import _common as C
@@ -68,7 +71,7 @@ def main(pass_: str, out_dir: str, rule=None) -> str:
         eager = {r: [] for r in rules}
         for _ in range(3):  # interleaved: host speed drifts within a run
             for rule in rules:
-                eager[rule].append(do_bench(calls[rule], warmup=25, rep=100))
+                eager[rule].append(C.time_gpu(calls[rule], warmup_ms=25, rep_ms=100))
         row = {"pattern": name, "N": N, "pairs": case["pairs"]}
         for rule in rules:
             ms = statistics.median(eager[rule])
