@@ -233,6 +233,19 @@ def test_log_axes_without_a_range_reach_a_label_past_every_value():
     ax = fig.layout.yaxis
     assert ax.tickvals[0] <= 0.127 and ax.tickvals[-1] >= 80 and ax.ticktext[-1] == "100"
     assert 10 ** ax.range[0] < 0.127 and 10 ** ax.range[1] > 100 and ax.autorange is False
+    # a range the figure set is widened to the labelled ticks past the values inside it, never narrowed
+    fig = go.Figure(go.Scatter(x=[1024, 65536], y=[0.0145, 14.06]))
+    fig.update_layout(xaxis=dict(type="log", range=[2.96, 4.87]), yaxis=dict(type="log", range=[-1.95, 1.3]))
+    tidy_log(fig)
+    x, y = fig.layout.xaxis, fig.layout.yaxis
+    assert x.tickvals[0] <= 1024 and x.tickvals[-1] >= 65536 and x.range[0] <= 2.96 and 10 ** x.range[1] >= 1e5
+    assert y.tickvals[0] <= 0.0145 and y.tickvals[-1] >= 14.06 and y.range[0] <= -1.95 and y.range[1] >= 1.3
+    # a shared range (predicted against measured) stays shared; a value outside the given range stays out
+    fig = go.Figure(go.Scatter(x=[0.02, 14.0, 1e6], y=[0.0145, 14.1, 1e6]))
+    fig.update_layout(xaxis=dict(type="log", range=[-1.95, 1.26]), yaxis=dict(type="log", range=[-1.95, 1.26]))
+    tidy_log(fig)
+    assert tuple(fig.layout.xaxis.range) == tuple(fig.layout.yaxis.range) and fig.layout.yaxis.range[1] < 2
+    assert fig.layout.yaxis.tickvals[-1] == 20 and fig.layout.xaxis.tickvals[0] <= 0.02
     fig = go.Figure([go.Scatter(x=[1, 2], y=[0.1, 0.3]), go.Scatter(x=[1, 2], y=[10.0, 40.0], visible=False)])
     fig.update_layout(yaxis_type="log")
     tidy_log(fig)

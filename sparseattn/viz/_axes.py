@@ -55,33 +55,48 @@ def _values(tr, letter: str) -> List[float]:
 
 def full_log_ticks(fig: go.Figure) -> go.Figure:
     """Give every log axis of ``fig`` that has no explicit ticks yet ticks with full labels (:func:`log_ticks`),
-    over its range when it has one, else over the values its traces and rules draw, and then (unless some of
-    its traces are hidden, as an explorer's other states are) a range from the labelled tick just below the
-    lowest value to the one just above the highest. Returns ``fig``."""
+    so that no value it draws (traces and rules) lies beyond its outermost labels: the labelled ticks reach just
+    past the lowest and the highest value, and the axis's range reaches those ticks -- a range the figure set
+    is only ever widened, and only by the values inside it (it may leave outliers out on purpose); an x and a
+    y axis that shared one range keep sharing it. An axis some of whose traces are hidden (an explorer's other
+    states) gets ticks over all its values and keeps plotly's range per state. Returns ``fig``."""
     lay = fig.layout
-    for name in [k for k in lay.to_plotly_json() if k.startswith(("xaxis", "yaxis"))] or []:
+    names = [k for k in lay.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+    given = {n: tuple(lay[n].range) for n in names if lay[n].range is not None and None not in lay[n].range}
+    for name in names:
         ax = lay[name]
         if ax.type != "log" or ax.tickvals is not None:  # explicit ticks (the measured lengths) stay
             continue
         letter, ident = name[0], name[0] + name[5:]
-        if ax.range is not None and None not in ax.range:
-            tv, tt = log_ticks(10 ** min(ax.range), 10 ** max(ax.range))
-            ax.update(tickmode="array", tickvals=tv, ticktext=tt)
-            continue
         on_axis = [tr for tr in fig.data if (getattr(tr, f"{letter}axis", None) or letter) == ident]
         vals = [v for tr in on_axis for v in _values(tr, letter)] + _shape_values(fig, letter, ident)
-        if not vals:
+        rng = given.get(name)
+        if rng is not None:
+            vals = [v for v in vals if 10 ** min(rng) <= v <= 10 ** max(rng)]
+        hidden = any(tr.visible is False for tr in on_axis)
+        if not vals or hidden:
+            if rng is not None or vals:
+                span = (10 ** min(rng), 10 ** max(rng)) if rng is not None else (min(vals), max(vals))
+                tv, tt = log_ticks(*span)
+                ax.update(tickmode="array", tickvals=tv, ticktext=tt)
             continue
-        if any(tr.visible is False for tr in on_axis):  # an explorer: each state keeps plotly's own range
-            tv, tt = log_ticks(min(vals), max(vals))
-            ax.update(tickmode="array", tickvals=tv, ticktext=tt)
-            continue
-        # no range given: the axis reaches the labelled ticks just outside the data, so no point sits above
-        # the highest label or below the lowest (plotly's own range pads the data by a few percent)
-        tv, tt = log_ticks(min(vals), max(vals), outer=True)
+        tv = log_ticks(min(vals), max(vals), outer=True)[0]
         lo, hi = math.log10(min(tv[0], min(vals))), math.log10(max(tv[-1], max(vals)))
         pad = min(0.03 * max(hi - lo, 0.5), 0.06)  # decades: with a 2-to-5 step, under half a decade past data
-        ax.update(tickmode="array", tickvals=tv, ticktext=tt, range=[lo - pad, hi + pad], autorange=False)
+        lo, hi = lo - pad, hi + pad
+        if rng is not None:  # the figure's range, widened to the outer ticks; its ladder labels the rest
+            lo, hi = min(lo, min(rng)), max(hi, max(rng))
+            tv = sorted(set(tv) | {v for v in log_ticks(10 ** lo, 10 ** hi)[0] if v < tv[0] or v > tv[-1]})
+        reverse = rng is not None and rng[0] > rng[1]
+        ax.update(tickmode="array", tickvals=tv, ticktext=[f"{v:g}" for v in tv],
+                  range=[hi, lo] if reverse else [lo, hi], autorange=False)
+    for x in [n for n in names if n.startswith("xaxis")]:  # a shared range (a y = x diagonal) stays shared
+        y = "y" + x[1:]
+        if y in given and given.get(x) == given[y] and lay[y].type == lay[x].type == "log":
+            a, b = lay[x].range, lay[y].range
+            both = [min(min(a), min(b)), max(max(a), max(b))]
+            for n in (x, y):
+                lay[n].range = both[::-1] if given[n][0] > given[n][1] else both
     return fig
 
 

@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 from .. import patterns as P
 from ..layout import BlockLayout
+from ._axes import tidy_log
 
 __all__ = ["table_heatmaps", "index_bytes", "index_bytes_figure", "transpose_path", "transpose_cost_figure"]
 
@@ -69,7 +70,7 @@ def index_bytes_figure(Ns=(4096, 8192, 16384, 32768, 65536, 131072), H: int = 16
                             "bf16, one table shared by the heads; computed on the CPU</sup>",
                       xaxis_title="sequence length N (tokens)", yaxis_title="index bytes / K+V bytes",
                       xaxis_type="log", yaxis_type="log", height=400, title_font_size=14)
-    return fig
+    return tidy_log(fig)
 
 
 def transpose_path(device: str) -> str:
@@ -131,4 +132,4 @@ def transpose_cost_figure(Ns=(2048, 4096, 8192, 16384, 32768), block: int = 64, 
                             "built</sup>",
                       xaxis_title="listed tiles (nnz)", yaxis_title="transpose time (ms)", xaxis_type="log",
                       yaxis_type="log", height=400, title_font_size=14)
-    return fig
+    return tidy_log(fig)

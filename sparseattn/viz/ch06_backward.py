@@ -15,7 +15,7 @@ from ..bench.record import BenchFile, Impl, Pass
 from ..layout import BlockLayout
 from ..ops import column_work as _column_work
 from . import COLORS
-from ._axes import tidy_log
+from ._axes import log_ticks, tidy_log
 
 __all__ = ["column_work", "column_work_figure", "backward_figure", "versus_bwd", "versus_bwd_figure",
            "versus_caption", "versus_row_dates"]
@@ -48,10 +48,12 @@ def column_work_figure(N: int = 32768, chunk: Optional[int] = None) -> go.Figure
                              "computed from the block table (tiles 128)</sup>"),
                       xaxis_title="query tiles walked by one program", yaxis_title="programs (count)",
                       legend=dict(orientation="h", y=-0.25))
-    # explicit ranges: autorange on a log histogram cuts the tallest bar and the sink column's bin
+    # explicit ranges: autorange on a log histogram cuts the tallest bar and the sink column's bin; the counts
+    # are binned by plotly, so the labels reach the labelled tick just past the count of every program
     most = max(len(cw["per_column"]), len(cw["per_item"]))
+    tv, tt = log_ticks(1, most, outer=True)
     fig.update_xaxes(range=[-2, int(cols.max()) + 6])
-    fig.update_yaxes(range=[-0.1, math.log10(most) + 0.15])
+    fig.update_yaxes(range=[-0.1, math.log10(tv[-1]) + 0.05], tickmode="array", tickvals=tv, ticktext=tt)
     return fig
 
 

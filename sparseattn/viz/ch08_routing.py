@@ -19,6 +19,7 @@ from ..ops.prefill import forward
 from ..reference import reference_attention
 from ..routing import route, select_blocks, selection_recall
 from . import COLORS, LIGHT
+from ._axes import tidy_log
 
 __all__ = ["toy_inputs", "selection_figure", "member_figure", "main_case", "split_figure", "split_at_topk",
            "overhead_figure", "sweep_overhead", "sweep_overhead_figure", "recall_figure", "reuse_figure", "reroute_errors", "reroute_figure", "live_step"]
@@ -359,7 +360,7 @@ def reroute_figure(results) -> go.Figure:
                       xaxis_title="relative perturbation of the inputs the backward routes on",
                       yaxis_title="relative error vs the true gradient",
                       title="Re-routing in the backward: gradient error (computed here, fp32)")
-    return fig
+    return tidy_log(fig)
 
 
 # ---------------------------------------------------------------------------------------------------------
