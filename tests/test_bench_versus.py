@@ -194,13 +194,15 @@ def test_versus_merge_keeps_the_rows_not_remeasured(cpu_stand_ins, tmp_path):
     # merged twice: the kept row keeps its own date (chapter 6's caption and claim read it), not the date of
     # the file it was kept from
     from sparseattn.viz.ch06_backward import versus_caption, versus_row_dates
-    later = {**apart.to_json(), "date": "2001-02-03T04:05:00+00:00",
-             "rows": {k: {**v, "date": "2001-02-03T04:05:00+00:00"} for k, v in apart.meta["rows"].items()}}
+    hhmm = "04:05" if apart.meta["date"][11:16] != "04:05" else "05:06"  # never the run's own time of day
+    stamp = f"2001-02-03T{hhmm}:00+00:00"
+    later = {**apart.to_json(), "date": stamp,
+             "rows": {k: {**v, "date": stamp} for k, v in apart.meta["rows"].items()}}
     twice = BenchFile.from_json(V.merged_doc(BenchFile.from_json(doc), BenchFile.from_json(later)))
     assert twice.meta["merged_from"]["date"] == apart.meta["date"]
-    assert versus_row_dates(twice) == {first: old.meta["date"], again: "2001-02-03T04:05:00+00:00"}
+    assert versus_row_dates(twice) == {first: old.meta["date"], again: stamp}
     caption = versus_caption(twice)
-    assert "00:00 UTC" in caption and "04:05 UTC" in caption and apart.meta["date"][11:16] + " UTC" not in caption
+    assert "00:00 UTC" in caption and f"{hhmm} UTC" in caption and apart.meta["date"][11:16] + " UTC" not in caption
     with pytest.raises(ValueError, match="--merge expects"):
         V.kept_rows(BenchFile.from_json({**old.to_json(), "suite": "prefill"}), [again], old.meta["device"])
     with pytest.raises(ValueError, match="measured on"):

@@ -82,7 +82,7 @@ def full_log_ticks(fig: go.Figure) -> go.Figure:
             continue
         tv = log_ticks(min(vals), max(vals), outer=True)[0]
         lo, hi = math.log10(min(tv[0], min(vals))), math.log10(max(tv[-1], max(vals)))
-        pad = min(0.03 * max(hi - lo, 0.5), 0.06)  # decades: with a 2-to-5 step, under half a decade past data
+        pad = 0.02  # decades: the outer labels stay inside the plot (with a 2-to-5 step, 0.42 past the data)
         lo, hi = lo - pad, hi + pad
         if rng is not None:  # the figure's range, widened to the outer ticks; its ladder labels the rest
             lo, hi = min(lo, min(rng)), max(hi, max(rng))
