@@ -45,12 +45,14 @@ def log_ticks(lo: float, hi: float, at_least: int = 3, outer: bool = False) -> T
     return vals, [f"{v:g}" for v in vals]
 
 
+def _positive(values) -> List[float]:
+    """The finite positive numbers among ``values`` (what a log axis can draw)."""
+    return [float(v) for v in values
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0]
+
+
 def _values(tr, letter: str) -> List[float]:
-    out = []
-    for v in (getattr(tr, letter, None) or ()):
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-            out.append(float(v))
-    return out
+    return _positive(getattr(tr, letter, None) or ())
 
 
 def full_log_ticks(fig: go.Figure) -> go.Figure:
@@ -73,10 +75,9 @@ def full_log_ticks(fig: go.Figure) -> go.Figure:
         rng = given.get(name)
         if rng is not None:
             vals = [v for v in vals if 10 ** min(rng) <= v <= 10 ** max(rng)]
-        hidden = any(tr.visible is False for tr in on_axis)
-        if not vals or hidden:
-            if rng is not None or vals:
-                span = (10 ** min(rng), 10 ** max(rng)) if rng is not None else (min(vals), max(vals))
+        if not vals or any(tr.visible is False for tr in on_axis):  # nothing to reach, or an explorer's states
+            span = (10 ** min(rng), 10 ** max(rng)) if rng is not None else (min(vals), max(vals)) if vals else None
+            if span:
                 tv, tt = log_ticks(*span)
                 ax.update(tickmode="array", tickvals=tv, ticktext=tt)
             continue
@@ -103,14 +104,8 @@ def full_log_ticks(fig: go.Figure) -> go.Figure:
 def _shape_values(fig: go.Figure, letter: str, ident: str) -> List[float]:
     """The positive coordinates that the shapes of ``fig`` (rules drawn with ``add_hline``/``add_vline``) place
     on axis ``ident``: plotly's own range would include them."""
-    out = []
-    for sh in fig.layout.shapes or ():
-        if (getattr(sh, f"{letter}ref", None) or letter) != ident:
-            continue
-        for v in (getattr(sh, f"{letter}0", None), getattr(sh, f"{letter}1", None)):
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-                out.append(float(v))
-    return out
+    return _positive(getattr(sh, f"{letter}{end}", None) for sh in fig.layout.shapes or ()
+                     if (getattr(sh, f"{letter}ref", None) or letter) == ident for end in (0, 1))
 
 
 def dots_not_bars(fig: go.Figure) -> go.Figure:
