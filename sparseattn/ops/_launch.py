@@ -308,22 +308,21 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 
 #: With ``tma=None`` in its config, an eager call loads through tensor descriptors only from this many visited
 #: tile pairs (summed over batch x query heads) up; a CUDA-graph capture always does. Descriptors cost host
-#: time at every eager call (made, encoded into tensor maps, passed to the launch) and save device time in
-#: proportion to the work; the host cost shows only where the call is host-bound. Both rules are A/B runs in
-#: one process on an H200 (16 heads, D = 128, bf16, eager ``do_bench``, pointer loads / descriptors).
-#: Backward (``checks/bwd-tma-rule-2-h200.json``, 2026-12-02, with launch plans keeping their cache hits and
-#: descriptors made only at bind time): 576 pairs 0.66x, 1 728-2 176 0.79-1.02x, 4 352-4 400 0.94-0.95x, then
-#: 6 528-15 232 pairs 1.06-1.09x (device-bound calls); the ratio crosses 1 at ~5 300 pairs by linear
-#: interpolation between 4 400 and 6 528. (The first rule, 12 000, was set when the eight descriptors cost
-#: ~116 us of host time per call, ``checks/host-stages-3-h200.json``; ``checks/bwd-tma-rule-h200.json`` then
-#: found pointer loads faster up to 6 528 pairs.) Forward (``checks/fwd-tma-rule-h200.json``): window 1024 at
-#: N = 1024 (576 pairs) 0.50x, sinks 64 + window 1024 at 2048 (1 840) 0.82x, but window 1024 at 2048 (1 728)
-#: 1.15x and 1.09-1.14x from 4 400 to 15 232 pairs, where the calls are device-bound and pointer loads cost
-#: the forward ~14% of its device time. So only the smallest calls keep pointer loads; a first rule at 20 000
-#: pairs (from the host cost alone) made eager forwards at 2k-8k 13-15% slower in the crossover suite. The
-#: A/B times above are means of ``do_bench`` (the script's default then; it takes medians now, as the suites
-#: do, not yet re-run): at the host-bound short end they sit above the crossover suite's medians.
-TMA_MIN_PAIRS = {"fwd": 1_024, "bwd": 5_300}
+#: time at every eager call (made, checked, passed to the launch as tensor maps) and save device time in
+#: proportion to the work; the host cost shows only where the call is host-bound. Both rules come from A/B
+#: runs in one process on an H200 (16 heads, D = 128, bf16, eager ``do_bench`` medians, rule / descriptors
+#: always; ``book/data/bench/checks/tma-rule.py``).
+#: Forward (``checks/fwd-tma-rule-2-h200.json``, 2026-12-02 05:45 UTC, with launch plans keeping their hits and
+#: the launcher given addresses): descriptors ahead at every size, 1.07-1.14x from 576 to 15 232 pairs, so the
+#: forward has no rule (0). Its earlier rules: 20 000 pairs from the host cost alone, which made eager forwards
+#: at 2k-8k 13-15% slower; then 1 024 from means of ``do_bench`` (``fwd-tma-rule-h200.json``: 576 pairs 0.50x).
+#: Backward: the eight descriptors cost 15-34 us of host time per call (``checks/bwd-host-desc-h200.json``:
+#: window 2048 at N = 3k 171 against 153 us through autograd, sinks + window at 4k, three launches, 216 against
+#: 184) and save ~8% of the kernel's time; the eager A/Bs at 4 352-4 400 pairs, where those two are about
+#: equal, moved from run to run by more than either (``bwd-tma-rule-2-h200.json``: 0.94-0.95x; ``-4-``,
+#: medians: 1.08x and 0.83x), and from 6 528 pairs up descriptors won in every run (1.06-1.10x). The rule sits
+#: at ~5 300, between the two (``bwd-tma-rule-2-h200.json``, linear between 4 400 and 6 528).
+TMA_MIN_PAIRS = {"fwd": 0, "bwd": 5_300}
 
 
 def too_small_for_tma(pass_: str, tma: Optional[bool], layout: BlockLayout, q: torch.Tensor) -> bool:
