@@ -524,6 +524,9 @@ def test_docstring_failure_notes_follow_the_data():
     assert f"N = 1k took {r['ms']:.3f} ms eager against {r['device_ms']:.3f} ms on the" in R.__doc__
     host = json.loads((C.BENCH_DIR / "crossover-h200.json").read_text())["parts"]["fwd"]["host_ms"]
     assert f"the probe's {host['sparseattn/fwd']:.3f} ms" in R.__doc__
+    cudnn_1k = next(r for r in xo if r["impl"] == "cudnn" and r["pass"] == "fwd" and r["case"]["N"] == 1024)
+    assert f"{cudnn_1k['ms']:.3f} ms eager, its probe {host['cudnn/fwd']:.3f} ms" in R.__doc__
+    assert cudnn_1k["ms"] < host["cudnn/fwd"]  # the flush's slack: event time below the host time per call
     bwd = [at[("sparseattn", "bwd", "window2048", n)][1] for n in (1024, 1536, 2048)]
     eager = [r["ms"] for r in bwd]
     over = [r["ms"] / r["device_ms"] for r in bwd]

@@ -85,14 +85,14 @@ Predicted / measured on the evaluation points::
     decode, eager (ours)                  16    0.98   0.63   1.30      62%
     decode (cuDNN)                         7    0.97   0.97   0.98     100%
     layout build + transpose              14    0.28   0.17   0.88      14%
-    crossover sweep: ours, device        120    1.03   0.96   1.11      96%
+    crossover sweep: ours, device        120    1.04   0.96   1.11      96%
     crossover sweep: Flex, cuDNN, device 128    0.95   0.80   1.08      96%
-    crossover sweep: ours, eager         101    1.04   0.97   1.37      86%
-    crossover sweep: Flex, cuDNN, eager  119    0.98   0.86   1.44      86%
-    all kernel models (no eager decode)  514    1.01   0.87   1.17      91%
+    crossover sweep: ours, eager         101    1.06   0.97   1.64      76%
+    crossover sweep: Flex, cuDNN, eager  119    1.02   0.87   1.83      76%
+    all kernel models (no eager decode)  514    1.02   0.88   1.32      86%
     crossover sweep: device (all)        248    0.99   0.86   1.10      96%
-    crossover sweep: eager (all)         220    1.03   0.89   1.43      86%
-    crossover sweep (all)                468    1.01   0.87   1.17      91%
+    crossover sweep: eager (all)         220    1.04   0.90   1.79      76%
+    crossover sweep (all)                468    1.02   0.88   1.33      87%
 
 Outside +-25%::
 
@@ -121,20 +121,24 @@ Outside +-25%::
     sparseattn transpose block_random10% N=131072         0.28
     sparseattn layout arbitrary(no rule) N=131072         0.12
     sparseattn transpose arbitrary(no rule) N=131072      0.17
-    ... and 41 more (python -m sparseattn.roofline accuracy)
+    ... and 63 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
 
 * forward at N = 4k, 16 heads (``prefill-h200.json``): ``sinks64+window1024`` measured 0.27 ms there, twice
   ``window1024`` (0.13 ms) with 9% more tiles, while FlexAttention ran the same layout in 0.13 ms; nothing
   in the counts separates the two, so the model (0.17 ms) misses it. The crossover sweep re-measured the
-  layout: 0.12 ms (CUDA graph), predicted within 2%.
+  layout: 0.12 ms (CUDA graph), predicted within 3%.
 * the sweep's eager points at N < 8k: the host can set the time there -- our window backward's eager times
   at N = 1k-2k (0.17-0.27 ms) are 1.1-4.5x its device times there -- and the host's time per call is not
   steady within one run nor the same from layout to layout, while the part's host time, measured once on one
   probe layout, prices them all alike: our sinks + window forward at
-  N = 1k took 0.032 ms eager against 0.030 ms on the device (since the launch plans keep their cache hits a
-  short eager forward runs at about its device time) and was priced at the probe's 0.053 ms; the graph
+  N = 1k took 0.030 ms eager against 0.031 ms on the device (since the launch plans keep their cache hits a
+  short eager forward runs at about its device time) and was priced at the probe's 0.082 ms. ``do_bench``
+  flushes the L2 cache before every call with a device memset, and the host prepares the call while the
+  memset runs: host work up to about the memset's length never shows in the event time, which the
+  ``max(device, host)`` form leaves out (cuDNN's causal forward at 1k: 0.024 ms eager, its probe 0.071 ms of
+  host per call). The graph
   replays of the same calls follow the model.
 * decode at batch 1 with 1-5% of the pages kept (CUDA graph): 14-22 us. The fixed cost per replay (22 us)
   was fitted at batch 8 and 32, where it cannot be told apart from the cost per wave of programs, so batch 1
