@@ -312,7 +312,7 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 #: proportion to the work; the host cost shows only where the call is host-bound. Both rules come from A/B
 #: runs in one process on an H200 (16 heads, D = 128, bf16, eager ``do_bench`` medians, rule / descriptors
 #: always; ``book/data/bench/checks/tma-rule.py``).
-#: Forward (``checks/fwd-tma-rule-2-h200.json``, 2026-12-02 05:45 UTC, with launch plans keeping their hits and
+#: Forward (``checks/fwd-tma-rule-2-h200.json``, 2026-12-02 05:37 UTC, with launch plans keeping their hits and
 #: the launcher given addresses): descriptors ahead at every size, 1.07-1.14x from 576 to 15 232 pairs, so the
 #: forward has no rule (0). Its earlier rules: 20 000 pairs from the host cost alone, which made eager forwards
 #: at 2k-8k 13-15% slower; then 1 024 from means of ``do_bench`` (``fwd-tma-rule-h200.json``: 576 pairs 0.50x).
