@@ -93,6 +93,35 @@ def test_max_fits_the_host_suite_better_than_sum():
     assert c["max"]["within_25pct"] > c["sum"]["within_25pct"]
 
 
+def test_flush_rule_of_a_do_bench_timed_call():
+    """``cost(l2_flush=True)``: a call timed by ``do_bench`` (an L2 flush of 256 MiB on the device before each
+    call) costs its device time while its host time fits in the flush and the device time, and the slower of
+    the two past that; ``flush_ms`` is the memset at the ceilings' HBM rate, not a fitted number."""
+    layout = sa.BlockLayout.from_mask_mod(sa.patterns.causal(), 1024, 1024)
+    shape = {"B": 1, "Hq": 16, "D": 128, "dtype": "bf16"}
+    dev = R.cost(layout, shape, "fwd", graph=True).predicted_ms
+    ceil = R.Ceilings.from_json(load_record("h200")["ceilings"])
+    flush = H.flush_ms(ceil)
+    assert flush == pytest.approx(256 * 2 ** 20 / (ceil.hbm_read_tbps * 1e12) * 1e3)
+    for host in (0.0, dev, flush + dev * 0.99):
+        assert R.cost(layout, shape, "fwd", host_ms=host, l2_flush=True).predicted_ms == pytest.approx(dev)
+    for host in (flush + dev * 1.01, flush + dev + 0.3):
+        assert R.cost(layout, shape, "fwd", host_ms=host, l2_flush=True).predicted_ms == pytest.approx(host)
+        assert R.cost(layout, shape, "fwd", host_ms=host).predicted_ms == pytest.approx(host)
+    assert R.cost(layout, shape, "fwd", host_ms=flush, l2_flush=True, graph=True).predicted_ms == \
+        pytest.approx(dev)
+    with pytest.raises(TypeError, match="l2_flush"):
+        R.cost(layout, shape, "fwd", l2_flush=1)
+
+
+def test_the_flush_rule_fits_the_host_suite_about_as_well_as_max():
+    """On the host suite (host and event times measured one after the other) the flush rule and ``max`` are
+    within a few points of each other; both far ahead of the sum."""
+    c = load_record("h200")["host"]["combination"]
+    assert abs(c["flush"]["within_25pct"] - c["max"]["within_25pct"]) < 0.05
+    assert c["flush"]["within_25pct"] > c["sum"]["within_25pct"] + 0.3
+
+
 def test_a_measured_host_time_replaces_the_recorded_one():
     """``cost(host_ms=...)``: the host time of this machine (the crossover suite measures it per part); an eager
     call takes the slower of device and host, a CUDA-graph replay has no host term."""

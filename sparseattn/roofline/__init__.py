@@ -87,18 +87,18 @@ Predicted / measured on the evaluation points::
     layout build + transpose              14    0.28   0.17   0.88      14%
     crossover sweep: ours, device        120    1.04   0.96   1.11      96%
     crossover sweep: Flex, cuDNN, device 128    0.95   0.80   1.08      96%
-    crossover sweep: ours, eager         101    1.06   0.97   1.64      76%
-    crossover sweep: Flex, cuDNN, eager  119    1.02   0.87   1.83      76%
-    all kernel models (no eager decode)  514    1.02   0.88   1.32      86%
+    crossover sweep: ours, eager         101    1.04   0.96   1.11      91%
+    crossover sweep: Flex, cuDNN, eager  119    0.97   0.86   1.44      85%
+    all kernel models (no eager decode)  514    1.00   0.87   1.13      91%
     crossover sweep: device (all)        248    0.99   0.86   1.10      96%
-    crossover sweep: eager (all)         220    1.04   0.90   1.79      76%
-    crossover sweep (all)                468    1.02   0.88   1.33      87%
+    crossover sweep: eager (all)         220    1.02   0.87   1.28      88%
+    crossover sweep (all)                468    1.00   0.87   1.13      92%
 
 Outside +-25%::
 
-    sparseattn fwd sinks64+window1024 N=4096              0.65
+    sparseattn fwd sinks64+window1024 N=4096              0.43
     sparseattn fwd random10%+diag N=4096                  1.34
-    flex fwd random10%+diag N=4096                        0.52
+    flex fwd random10%+diag N=4096                        0.33
     flex bwd sinks64+window1024 N=32768                   0.74
     sparseattn decode keep0.01 N=131072 B=1 ps=16 eager   1.56
     sparseattn decode keep0.01 N=131072 B=1 ps=16 graph   1.69
@@ -121,25 +121,24 @@ Outside +-25%::
     sparseattn transpose block_random10% N=131072         0.28
     sparseattn layout arbitrary(no rule) N=131072         0.12
     sparseattn transpose arbitrary(no rule) N=131072      0.17
-    ... and 63 more (python -m sparseattn.roofline accuracy)
+    ... and 37 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
 
 * forward at N = 4k, 16 heads (``prefill-h200.json``): ``sinks64+window1024`` measured 0.27 ms there, twice
   ``window1024`` (0.13 ms) with 9% more tiles, while FlexAttention ran the same layout in 0.13 ms; nothing
-  in the counts separates the two, so the model (0.17 ms) misses it. The crossover sweep re-measured the
+  in the counts separates the two, so the model (0.12 ms) misses it. The crossover sweep re-measured the
   layout: 0.12 ms (CUDA graph), predicted within 3%.
 * the sweep's eager points at N < 8k: the host can set the time there -- our window backward's eager times
   at N = 1k-2k (0.17-0.27 ms) are 1.1-4.5x its device times there -- and the host's time per call is not
   steady within one run nor the same from layout to layout, while the part's host time, measured once on one
-  probe layout, prices them all alike: our sinks + window forward at
-  N = 1k took 0.030 ms eager against 0.031 ms on the device (since the launch plans keep their cache hits a
-  short eager forward runs at about its device time) and was priced at the probe's 0.082 ms. ``do_bench``
-  flushes the L2 cache before every call with a device memset, and the host prepares the call while the
-  memset runs: host work up to about the memset's length never shows in the event time, which the
-  ``max(device, host)`` form leaves out (cuDNN's causal forward at 1k: 0.024 ms eager, its probe 0.071 ms of
-  host per call). The graph
-  replays of the same calls follow the model.
+  probe layout, prices them all alike. ``do_bench`` flushes the L2 cache with a device memset before every
+  call and the host prepares the call meanwhile, so a call is priced at its device time while its host time
+  fits in the flush and its kernels (:mod:`.host`; cuDNN's causal forward at 1k: 0.024 ms eager, its probe
+  0.071 ms of host per call, the flush 0.058 ms). That edge is sharp where the host is not: our forward on
+  sixteen documents at N = 2k took 0.026 ms eager, its device time, and was priced at the probe's 0.082 ms,
+  just past the flush and its predicted kernels (0.080 ms). The graph replays of the same calls follow the
+  model.
 * decode at batch 1 with 1-5% of the pages kept (CUDA graph): 14-22 us. The fixed cost per replay (22 us)
   was fitted at batch 8 and 32, where it cannot be told apart from the cost per wave of programs, so batch 1
   is over-predicted. A measured launch latency (``Ceilings.launch_us``) would pin it.

@@ -1,15 +1,26 @@
 """The eager call's host term ``T_host``: what the host spends issuing one call, per implementation and pass.
 
 An eager call is host work (argument checks, building and binding the launch arguments, the autograd engine
-for a backward) followed by its kernels. This module prices it; :mod:`.calibrate` fits it (``fit_paths``). The bench times calls back to back with Triton's ``do_bench``: it
-enqueues call after call without waiting for the device, so the host prepares call i+1 while the device runs
-call i. In that pipeline the time per call is the slower of the two sides, not their sum -- the device waits
-for the host when the host is slower, the host runs ahead when it is not::
+for a backward) followed by its kernels. This module prices it; :mod:`.calibrate` fits it (``fit_paths``).
+Calls issued back to back, as a training loop issues them, take the slower of the two sides, not their sum:
+the host prepares call i+1 while the device runs call i, and the device waits for the host only when the
+host is slower::
 
     T = max(T_device, T_host),   T_host = host_ms + host_launch_ms x (launches - 1)
 
-(``do_bench`` also flushes the L2 cache between calls with a device memset, which hides a little host time
-more; the host suite's event times sit at the host time, not below it, so that slack is left out). The host
+The bench times its eager calls with Triton's ``do_bench`` (``timing.time_gpu``), which zeroes a 256 MiB
+buffer on the device before every timed call, outside the events it reads, to flush the L2 cache; the host
+prepares the call while that memset runs. So a host that needs less than the memset and the kernels per call
+stays ahead, and the events see the device time alone; past that the host sets the rate::
+
+    T_do_bench = T_device              if T_host <= T_flush + T_device
+               = max(T_device, T_host) otherwise
+
+with ``T_flush`` the memset's time at the ceilings' HBM rate (:func:`flush_ms`, 0.058 ms on the H200; not
+fitted). ``cost(..., l2_flush=True)`` prices a call timed that way, and the calibration prices every recorded
+eager prefill point with it (all were timed by ``do_bench``). On the crossover sweep of 2026-12-02 it put 88%
+of the eager points within 25% where ``max`` alone put 76% (below 8k tokens: 79% against 60%); on the host
+suite's calls, whose host and event times are measured one after the other, 72% against 74%. The host
 suite (``python -m sparseattn.bench host``) measures both sides of the same call: ``device_ms`` (CUDA-graph
 replay), ``host_us`` (200 calls issued without a sync) and the event-timed ``ms``; :func:`.calibrate.combination_check`
 compares ``max`` and ``sum`` on its rows.
@@ -47,7 +58,8 @@ import hashlib
 import pathlib
 from typing import Optional
 
-__all__ = ["HOST_FILES", "CURRENT_PATH", "RECORDED_PATH", "host_ms", "fingerprint"]
+__all__ = ["HOST_FILES", "CURRENT_PATH", "RECORDED_PATH", "DO_BENCH_FLUSH_BYTES", "host_ms", "flush_ms",
+           "fingerprint"]
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / "book" / "data" / "bench"
 #: The host suite recorded with each host path.
@@ -64,6 +76,17 @@ def host_ms(params: Optional[dict], launches: int) -> float:
     if not params:
         return 0.0
     return params["host_ms"] + params.get("host_launch_ms", 0.0) * max(int(launches) - 1, 0)
+
+
+#: The buffer Triton's ``do_bench`` zeroes before every timed call to flush the L2 cache (its NVIDIA driver's
+#: ``get_empty_cache_for_benchmark``: 256 MiB)
+DO_BENCH_FLUSH_BYTES = 256 * 2 ** 20
+
+
+def flush_ms(ceil) -> float:
+    """``T_flush``: ``do_bench``'s L2 flush on the device, :data:`DO_BENCH_FLUSH_BYTES` at the ceilings' HBM
+    rate (a read rate standing in for the memset's write rate), in ms."""
+    return DO_BENCH_FLUSH_BYTES / (ceil.hbm_read_tbps * 1e12) * 1e3
 
 
 def fingerprint(layout, shape: dict) -> str:
