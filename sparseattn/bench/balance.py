@@ -122,8 +122,9 @@ def _listed(layout: BlockLayout, H: int) -> int:
 def _predicted(layout, H, D, impl="sparseattn", config=None) -> float:
     try:
         from .. import roofline
+        # priced as the suite times the call (do_bench: an L2 flush before it)
         return roofline.cost(layout, dict(B=1, Hq=H, Hkv=H, D=D, dtype=torch.bfloat16), "fwd", config=config,
-                             impl=impl).predicted_ms
+                             impl=impl, l2_flush=True).predicted_ms
     except Exception as e:  # noqa: BLE001 - a missing calibration must not stop the suite
         C.note(f"roofline prediction ({impl}) failed: {type(e).__name__}: {str(e)[:160]}")
         return None
