@@ -9,7 +9,8 @@ The source material's equation, priced per kernel launch::
   once and cached on any other GPU (:func:`measure_ceilings`).
 * :func:`cost` ``(layout, shape, pass_="fwd" | "bwd" | "decode", routing=None, config=None,
   deterministic=True, *, pages=None, keep=None, impl="sparseattn" | "flex" | "cudnn", graph=False,
-  rebuild_layout=False, device=None, host_ms=None)`` -> :class:`Cost`: every term, the prediction and the bound
+  rebuild_layout=False, device=None, host_ms=None, l2_flush=False)`` -> :class:`Cost`: every term, the
+  prediction and the bound
   (``"compute"``, ``"memory"`` or ``"overhead"``). ``shape`` is a :class:`Shape` or a dict
   ``(B, Hq, Hkv, D, dtype)``; decode takes a :class:`~sparseattn.PagedKVCache` (or None and
   ``seq_len``/``page_size`` in the shape) with a :class:`~sparseattn.PageSelection` or a kept fraction.
@@ -45,7 +46,9 @@ How the terms are computed:
   calibrated ``step_us`` (an SM's share of the bandwidth, or latency when few programs run).
 * ``T_launch``: a calibrated fixed device cost per call; an eager call takes the larger of its device time
   and its host time ``T_host`` (calls issued back to back, :mod:`.host`; ``cost(host_ms=...)`` takes this
-  machine's measured host time), a CUDA-graph replay (``graph=True``) the device time alone.
+  machine's measured host time; ``l2_flush=True`` prices the call as ``do_bench`` times it, its device time
+  while the host hides behind the L2 flush and the kernels), a CUDA-graph replay (``graph=True``) the
+  device time alone.
   ``T_index``: layout rebuild (fixed cost + cells a mask_mod without an exact tile rule evaluates), only
   with ``rebuild_layout=True``; ``T_route``: the routing time you pass.
 
