@@ -164,12 +164,16 @@ def cmd_calibrate(args) -> int:
 
 def cmd_repredict(args) -> int:
     """Rewrite the ``predicted_ms`` of the crossover sweep's rows from the packaged record's predictions (the
-    rows the calibration prices; a routed row, whose layout cannot be rebuilt on the CPU, keeps the prediction
-    recorded with it and says so)."""
+    rows the calibration prices). A routed row, whose layout cannot be rebuilt on the CPU, keeps the device
+    prediction recorded with it; its eager prediction is that device prediction under the host rule
+    (:mod:`.host`: the part's measured host time and ``do_bench``'s flush), and its ``predicted_with`` says
+    so."""
     import json
     from .calibrate import BENCH_DIR, EVALUATION_FILES
-    from .ceilings import load_record
+    from .ceilings import Ceilings, load_record
+    from .host import flush_ms
     rec = load_record("h200")
+    t_flush = flush_ms(Ceilings.from_json(rec["ceilings"]))
     pred = {r["id"]: r["predicted_ms"] for r in rec["calibration"]["points"]}
     for fname in EVALUATION_FILES:
         path = pathlib.Path(args.bench) / fname if args.bench else BENCH_DIR / fname
@@ -184,7 +188,15 @@ def cmd_repredict(args) -> int:
             if f"{key}:graph" in pred:  # the row's CUDA-graph replay, priced without a host term
                 r["device_predicted_ms"] = pred[f"{key}:graph"]
             elif r.get("predicted_ms") is not None:
-                r["predicted_with"] = "recorded with the row (not re-priced: the layout is not rebuilt on the CPU)"
+                host = doc.get("parts", {}).get(r.get("part"), {}).get("host_ms", {}).get(f"{r['impl']}/{r['pass']}")
+                dev = r.get("device_predicted_ms")
+                if r["pass"] in ("fwd", "bwd") and host is not None and dev is not None:
+                    r["predicted_ms"] = dev if host <= t_flush + dev else max(dev, host)
+                    r["predicted_with"] = ("the device prediction recorded with the row under the host rule of the "
+                                           f"model of {rec['calibration']['date']} (the layout is not rebuilt on "
+                                           "the CPU)")
+                else:
+                    r["predicted_with"] = "recorded with the row (not re-priced: the layout is not rebuilt on the CPU)"
         path.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"{path}: {n} predictions rewritten")
     return 0
