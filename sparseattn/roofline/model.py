@@ -17,8 +17,8 @@ For each kernel launch of a pass (:mod:`.counts` gives its programs, steps, flop
 * ``T_launch``: a calibrated fixed device-side cost per call, plus, for an eager call, the host's excess:
   calls issued back to back take ``max(device time, T_host)`` (:mod:`.host`: ``T_host`` per op and pass,
   from the host suite, with the model's launch count); timed by ``do_bench``, with an L2 flush before every
-  call, the device time while ``T_host`` fits in the flush and the device time (``flush_ms``). Eager decode: the larger of its host time and the
-  device time likewise. A CUDA-graph replay has no host term.
+  call, the device time while ``T_host`` fits in the flush and the device time (``flush_ms``). Eager decode:
+  the larger of its host time and the device time likewise. A CUDA-graph replay has no host term.
 * ``T_index``: rebuilding the layout (and, for the backward, its transposed lists), from the layout bench:
   a fixed cost plus the cells a mask_mod without an exact tile rule must evaluate. Zero unless
   ``rebuild_layout=True`` (the bench times the op on a prebuilt layout). ``T_route``: given (ms) or 0.
