@@ -383,7 +383,9 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
            pages=None, routing=None, rebuild_layout: bool = False, measure: bool = False, device=None) -> Report:
     """Will sparse be faster here? Predicted times of ours, FlexAttention and cuDNN (on the pattern's envelope)
     for one pattern and shape, the verdict and our dominant term; with ``measure=True`` (CUDA) also the
-    measured times, which then decide the verdict.
+    measured times, which then decide the verdict. Eager calls are priced as a loop issues them, back to back
+    (``max(device, host)``); with ``measure=True`` as the measurement times them (Triton's ``do_bench``, an L2
+    flush before each call: ``cost(..., l2_flush=True)``), so the two columns compare like with like.
 
     ``pattern_or_layout``: a mask_mod (with ``N``, the sequence length, 128 x 128 tiles), a recorded pattern
     name (``"causal"``, ``"window1024"``, ``"sinks64+window1024"``, ``"random10%+diag"``, with ``N``), a
@@ -436,9 +438,11 @@ def report(pattern_or_layout, shape=None, *, N: Optional[int] = None, pass_: str
                         f"PagedKVCache, got {type(pattern_or_layout).__name__}")
     s = as_shape(shape) if shape is not None else PREFILL_SHAPE
     env = envelope_of(layout)
-    ours = cost(layout, s, pass_, routing=routing, rebuild_layout=rebuild_layout, device=device)
-    flex = cost(layout, s, pass_, impl="flex", device=device)
-    dense = cost(envelope_layout(env, layout.q_len, layout.kv_len), s, pass_, impl="cudnn", device=device)
+    flush = bool(measure)  # measured with do_bench: priced as it times the calls (an L2 flush before each)
+    ours = cost(layout, s, pass_, routing=routing, rebuild_layout=rebuild_layout, device=device, l2_flush=flush)
+    flex = cost(layout, s, pass_, impl="flex", device=device, l2_flush=flush)
+    dense = cost(envelope_layout(env, layout.q_len, layout.kv_len), s, pass_, impl="cudnn", device=device,
+                 l2_flush=flush)
     costs = {"sparseattn": ours, "flex": flex, "cudnn": dense}
     predicted = {k: c.predicted_ms for k, c in costs.items()}
     measured = {"sparseattn": None, "flex": None, "cudnn": None}
