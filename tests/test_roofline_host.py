@@ -112,6 +112,9 @@ def test_flush_rule_of_a_do_bench_timed_call():
         pytest.approx(dev)
     with pytest.raises(TypeError, match="l2_flush"):
         R.cost(layout, shape, "fwd", l2_flush=1)
+    # the rule itself, as repredict and the host-suite check use it
+    assert H.eager_ms(0.03, 0.08) == 0.08 and H.eager_ms(0.03, 0.02) == 0.03
+    assert H.eager_ms(0.03, 0.08, 0.058) == 0.03 and H.eager_ms(0.03, 0.09, 0.058) == 0.09
 
 
 def test_the_flush_rule_fits_the_host_suite_about_as_well_as_max():

@@ -171,7 +171,7 @@ def cmd_repredict(args) -> int:
     import json
     from .calibrate import BENCH_DIR, EVALUATION_FILES
     from .ceilings import Ceilings, load_record
-    from .host import flush_ms
+    from .host import eager_ms, flush_ms
     rec = load_record("h200")
     t_flush = flush_ms(Ceilings.from_json(rec["ceilings"]))
     pred = {r["id"]: r["predicted_ms"] for r in rec["calibration"]["points"]}
@@ -191,7 +191,7 @@ def cmd_repredict(args) -> int:
                 host = doc.get("parts", {}).get(r.get("part"), {}).get("host_ms", {}).get(f"{r['impl']}/{r['pass']}")
                 dev = r.get("device_predicted_ms")
                 if r["pass"] in ("fwd", "bwd") and host is not None and dev is not None:
-                    r["predicted_ms"] = dev if host <= t_flush + dev else max(dev, host)
+                    r["predicted_ms"] = eager_ms(dev, host, t_flush)
                     r["predicted_with"] = ("the device prediction recorded with the row under the host rule of the "
                                            f"model of {rec['calibration']['date']} (the layout is not rebuilt on "
                                            "the CPU)")

@@ -827,8 +827,8 @@ def combination_check(bench_dir=None) -> dict:
     ms, dev, host = map(np.array, (ms, dev, host))
     out = {"n": int(ms.size)}
     flush = H.flush_ms(Ceilings.from_json(load_record("h200")["ceilings"]))
-    for name, pred in (("max", np.maximum(dev, host)), ("sum", dev + host),
-                       ("flush", np.where(host > flush + dev, np.maximum(dev, host), dev))):
+    rule = np.array([H.eager_ms(d, h, flush) for d, h in zip(dev, host)])
+    for name, pred in (("max", np.maximum(dev, host)), ("sum", dev + host), ("flush", rule)):
         q = pred / ms
         out[name] = {"within_25pct": float(np.mean(np.abs(q - 1) <= 0.25)), "median": float(np.median(q))}
     return out

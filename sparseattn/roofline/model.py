@@ -42,6 +42,7 @@ from ..paged import PagedKVCache, PageSelection
 from ..patterns import TileGrid, tile_rule_of
 from .ceilings import Ceilings, ceilings as _ceilings, device_slug, load_record
 from .counts import Shape, Work, as_shape, bwd_work, decode_input, decode_work, fwd_work
+from .host import eager_ms as _eager_ms
 from .host import flush_ms as _flush_ms
 from .host import host_ms as _host_ms
 
@@ -273,8 +274,9 @@ def predict(work: Work, params: dict, ceil: Ceilings, dtype, *, graph: bool = Fa
         launch = max(0.0, params["call_ms"] - total)
     if not decode and not graph and host:
         t_host = _host_ms(host, work.launches)
-        if t_host > flush_ms + total + launch:  # the host falls behind the flush and the kernels
-            launch = max(launch, t_host - total)  # the host's excess over the device side
+        eager = _eager_ms(total + launch, t_host, flush_ms)
+        if eager > total + launch:  # the host's excess over the device side, when it shows
+            launch = eager - total
     return {"compute": compute, "memory": memory, "latency": latency, "kernels_ms": total, "launch": launch,
             "host": t_host, "kernels": kernels}
 
