@@ -955,3 +955,21 @@ def test_balance_suite_splits_over_two_runs_with_cases_and_merge(cpu_stand_ins, 
     path.write_text(json.dumps({"suite": "routing", **ENV, "results": []}))
     with pytest.raises(ValueError, match="--merge expects a 'balance' file"):
         BB.run(_args(n="256", cases="0", merge=str(path), no_flex=True))
+
+
+def test_rotated_rounds_warm_up_then_rotate():
+    """The check scripts' A/B helper: one warm-up round not kept, then each round starts one name later."""
+    from sparseattn.bench.host import rotated_rounds
+    calls = []
+    got = rotated_rounds(lambda n: calls.append(n) or float(len(calls)), ["a", "b", "c"], 3)
+    assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert got == {"a": [4.0, 9.0, 11.0], "b": [5.0, 7.0, 12.0], "c": [6.0, 8.0, 10.0]}
+
+
+def test_launches_stubbed_restores_the_launcher():
+    from sparseattn.bench.host import launches_stubbed
+    from sparseattn.ops import _launch as L
+    real = L.launch
+    with launches_stubbed():
+        assert L.launch is not real and L.launch(None, (1,), num_stages=1) is None
+    assert L.launch is real

@@ -30,7 +30,7 @@ import cProfile
 import pstats
 import statistics
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -63,6 +63,33 @@ def host_us(fn: Callable, device, calls: Optional[int] = None) -> float:
     t1 = time.perf_counter()
     C.synchronize(device)
     return (t1 - t0) / calls * 1e6
+
+
+def rotated_rounds(measure: Callable[[str], float], names: Sequence[str], rounds: int) -> Dict[str, List[float]]:
+    """``measure(name)`` for every name, ``rounds`` times, after one warm-up round that is not kept (plans,
+    kept hits, compiled code); round ``r`` starts at the ``r``-th name, so a drift of the host's speed during
+    the run favours no variant (the check scripts' A/Bs)."""
+    names = list(names)
+    for name in names:
+        measure(name)
+    got: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            got[name].append(measure(name))
+    return got
+
+
+@contextlib.contextmanager
+def launches_stubbed():
+    """Within the block every launch of the ops (``ops._launch.launch``) does nothing: what is left of a call
+    is its Python."""
+    from ..ops import _launch as L
+    saved = L.launch
+    L.launch = lambda *a, **kw: None
+    try:
+        yield
+    finally:
+        L.launch = saved
 
 
 def kernel_launches(fn: Callable, device, calls: int = 5) -> Optional[float]:

@@ -14,6 +14,7 @@ call of ``CALLS`` calls issued without a sync (``bench.host.host_us``), the medi
 variants' order rotating. Last, ``cProfile`` of ``CALLS`` direct calls per variant: the functions whose own time
 differs most between descriptors and pointers.
 """
+import contextlib
 import cProfile
 import dataclasses
 import os
@@ -24,7 +25,7 @@ import torch
 
 import sparseattn as sa
 from sparseattn.bench import _common as C
-from sparseattn.bench.host import host_us
+from sparseattn.bench.host import host_us, launches_stubbed, rotated_rounds
 from sparseattn.bench.record import Record
 from sparseattn.ops import backward as B
 from sparseattn.ops import prefill as P
@@ -73,21 +74,10 @@ def main():
         names = list(variants)
 
         def measure(n):
-            if n not in stubbed:
+            with launches_stubbed() if n in stubbed else contextlib.nullcontext():
                 return host_us(variants[n], dev, CALLS)
-            saved = B.L.launch
-            B.L.launch = lambda *a, **kw: None
-            try:
-                return host_us(variants[n], dev, CALLS)
-            finally:
-                B.L.launch = saved
 
-        for n in names:  # warm-up: plans, kept hits, compiled kernels
-            measure(n)
-        got = {n: [] for n in names}
-        for r in range(ROUNDS):
-            for n in names[r % len(names):] + names[:r % len(names)]:
-                got[n].append(measure(n))
+        got = rotated_rounds(measure, names, ROUNDS)
         own = {tag: _own_us(variants[f"{tag}, direct"]) for tag in ("descriptors", "pointers")}
         diff = sorted(((own["descriptors"].get(f, 0.0) - own["pointers"].get(f, 0.0), f)
                        for f in set(own["descriptors"]) | set(own["pointers"])), reverse=True)[:8]

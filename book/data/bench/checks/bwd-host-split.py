@@ -21,7 +21,6 @@ The device kernels each backward call runs are counted with ``torch.profiler``. 
 (H200): ``bwd-host-split-1-h200.json`` (02:45 UTC, before the addresses; no ``tensor pointers`` rows) and
 ``bwd-host-split-h200.json`` (02:55 UTC, the A/B).
 """
-import contextlib
 import os
 import statistics
 
@@ -30,7 +29,7 @@ import torch
 import sparseattn as sa
 from sparseattn import _fast_launch as F
 from sparseattn.bench import _common as C
-from sparseattn.bench.host import host_us, kernel_launches
+from sparseattn.bench.host import host_us, kernel_launches, launches_stubbed, rotated_rounds
 from sparseattn.bench.record import Record
 from sparseattn.ops import backward as B
 from sparseattn.ops import prefill as P
@@ -62,16 +61,6 @@ class _OurShape(torch.autograd.Function):
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-@contextlib.contextmanager
-def _no_launches():
-    saved = B.L.launch
-    B.L.launch = lambda *a, **kw: None
-    try:
-        yield
-    finally:
-        B.L.launch = saved
 
 
 def main():
@@ -112,17 +101,12 @@ def main():
 
     def measure(name):
         if name in stubbed:
-            with _no_launches():
+            with launches_stubbed():
                 return host_us(stubbed[name], dev, CALLS)
         with F.pointer_ints("tensor pointers" not in name):
             return host_us(variants[name], dev if "cpu" not in name else "cpu", CALLS)
 
-    for name in names:  # warm-up round (plans, kept hits, compiled code), not kept
-        measure(name)
-    got = {name: [] for name in names}
-    for r in range(ROUNDS):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            got[name].append(measure(name))
+    got = rotated_rounds(measure, names, ROUNDS)
     launches = {name: kernel_launches(fn, dev) for name, fn in variants.items() if "cpu" not in name}
     case = dict(pattern="window1024", N=N, B=1, H=H, D=D, dtype="bf16")
     records, lines = [], []
