@@ -973,3 +973,20 @@ def test_launches_stubbed_restores_the_launcher():
     with launches_stubbed():
         assert L.launch is not real and L.launch(None, (1,), num_stages=1) is None
     assert L.launch is real
+
+
+def test_rep_timeline_splits_a_flushed_loop():
+    """``eager_timeline``'s arithmetic on a hand-made trace: per repetition, the device idle after the flush
+    (lead), between the call's kernels (gaps), their durations (busy), the total the events time, and the
+    host's delay to the first launch and between launches; a flush with no kernel after it is left out."""
+    from sparseattn.bench.host import Span, rep_timeline
+    flushes = [Span("fill", 0, 90), Span("fill", 400, 480), Span("fill", 900, 950)]
+    kernels = [Span("delta", 100, 150), Span("bwd", 160, 300), Span("bwd", 500, 520)]
+    calls = [Span("call", 5, 60), Span("call", 390, 470), Span("call", 880, 890)]
+    launches = [Span("cuLaunchKernelEx", 20, 21), Span("cuLaunchKernelEx", 40, 41),
+                Span("cuLaunchKernelEx", 410, 411)]
+    got = rep_timeline(kernels, flushes, calls, launches)
+    assert got == [{"lead_us": 10, "gaps_us": 10, "busy_us": 190, "total_us": 210, "kernels": 2,
+                    "host_first_us": 15, "host_span_us": 20},
+                   {"lead_us": 20, "gaps_us": 0, "busy_us": 20, "total_us": 40, "kernels": 1,
+                    "host_first_us": 20, "host_span_us": 0}]

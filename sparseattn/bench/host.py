@@ -30,7 +30,7 @@ import cProfile
 import pstats
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -149,6 +149,96 @@ def host_profile(fn: Callable, device, calls: Optional[int] = None, top: int = P
                      "calls": nc / calls})
     rows.sort(key=lambda r: -r["own_us"])
     return rows[:top]
+
+
+class Span(NamedTuple):
+    """One traced event: its name and its start and end in microseconds on the profiler's clock."""
+    name: str
+    start: float
+    end: float
+
+
+def rep_timeline(kernels: Sequence[Span], flushes: Sequence[Span], calls: Sequence[Span],
+                 launches: Sequence[Span]) -> List[dict]:
+    """Per timed repetition of a ``do_bench``-style loop (an L2 flush on the device, then the call), where its
+    time went. ``kernels``: the device kernels of the calls; ``flushes``: the flush kernels, one per
+    repetition; ``calls``: each call's host range; ``launches``: host launch API calls. Per repetition:
+    ``lead_us`` (the device idle from the flush's end to the call's first kernel: the host was still
+    preparing it), ``gaps_us`` (idle between the call's kernels), ``busy_us`` (its kernels' durations),
+    ``total_us`` (flush end to last kernel end: what ``do_bench``'s events time), ``kernels``,
+    ``host_first_us`` (the call's start to its first launch on the host) and ``host_span_us`` (its first
+    launch to its last). A repetition whose kernels cannot be told apart (no kernel after its flush) is left
+    out."""
+    flushes = sorted(flushes, key=lambda s: s.start)
+    kernels = sorted(kernels, key=lambda s: s.start)
+    out = []
+    for i, f in enumerate(flushes):
+        stop = flushes[i + 1].start if i + 1 < len(flushes) else float("inf")
+        mine = [k for k in kernels if f.end <= k.start < stop]
+        if not mine:
+            continue
+        busy = sum(k.end - k.start for k in mine)
+        span = max(k.end for k in mine) - mine[0].start
+        row = {"lead_us": mine[0].start - f.end, "gaps_us": span - busy, "busy_us": busy,
+               "total_us": max(k.end for k in mine) - f.end, "kernels": len(mine)}
+        if i < len(calls):
+            c = calls[i]
+            own = sorted((a for a in launches if c.start <= a.start <= c.end), key=lambda s: s.start)
+            if own:
+                row["host_first_us"] = own[0].start - c.start
+                row["host_span_us"] = own[-1].start - own[0].start
+        out.append(row)
+    return out
+
+
+def eager_timeline(fn: Callable, reps: int = 30, flush_bytes: Optional[int] = None) -> dict:
+    """Where an eager call's time goes as ``do_bench`` times it (CUDA only): ``reps`` repetitions of
+    (zero a ``flush_bytes`` buffer, call ``fn``) under ``torch.profiler``, split by :func:`rep_timeline`;
+    returns the median of each of its fields over the repetitions, and each kernel's median duration
+    (``kernel_us``, by name). The profiler adds a few microseconds of host time per launch."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from ..roofline.host import DO_BENCH_FLUSH_BYTES
+    cache = torch.empty((flush_bytes or DO_BENCH_FLUSH_BYTES) // 4, dtype=torch.int32, device="cuda")
+    for _ in range(3):
+        cache.zero_()
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            cache.zero_()
+            with record_function("sparseattn.call"):
+                fn()
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as alone:  # the flush's own kernel names
+        cache.zero_()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    # a call's own small fills may share the flush kernel's name: a flush is also as long as the lone one
+    lone = [e for e in alone.events() if e.device_type == cuda]
+    flush_names = {e.name for e in lone}
+    shortest = 0.5 * min(e.time_range.end - e.time_range.start for e in lone)
+    events = list(prof.events())
+    span = lambda e: Span(e.name, e.time_range.start, e.time_range.end)  # noqa: E731
+    calls = sorted((span(e) for e in events if e.name == "sparseattn.call" and e.device_type != cuda),
+                   key=lambda s: s.start)
+    device = sorted((span(e) for e in events if e.device_type == cuda and not e.name.startswith("Memcpy")
+                     and e.name != "sparseattn.call"),  # (the range's own device-side annotation)
+                    key=lambda s: s.start)
+    is_flush = lambda d: d.name in flush_names and d.end - d.start >= shortest  # noqa: E731
+    flushes = [d for d in device if is_flush(d)]
+    kernels = [d for d in device if not is_flush(d)]
+    launches = [span(e) for e in events if e.device_type != cuda and ("LaunchKernel" in e.name or
+                                                                      "GraphLaunch" in e.name)]
+    reps_ = rep_timeline(kernels, flushes, calls, launches)
+    fields = sorted({k for r in reps_ for k in r})
+    out = {k: float(statistics.median(r[k] for r in reps_ if k in r)) for k in fields}
+    by_name: Dict[str, List[float]] = {}
+    for d in kernels:
+        by_name.setdefault(d.name, []).append(d.end - d.start)
+    out["kernel_us"] = {n[:80]: float(statistics.median(v)) for n, v in by_name.items()}
+    out["reps"] = len(reps_)
+    return out
 
 
 def _measure(fn: Callable, device, stream=None) -> dict:

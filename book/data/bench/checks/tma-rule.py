@@ -14,7 +14,7 @@ A second argument replaces the rule under test (a rule above every case's pairs:
 
 The backward is timed as dQ, dK, dV from a kept forward. The table printed last gives both times per rule
 and rule / always. Each time is the median of ``do_bench``'s calls (``C.time_gpu``, as the crossover suite
-times); until 2026-12-02 this script took ``do_bench``'s default, the mean, which a host hiccup pulls up: its
+times), in three rounds that each start at the next variant; until 2026-12-02 this script took ``do_bench``'s default, the mean, which a host hiccup pulls up: its
 eager backward times sat 2-3x above the crossover suite's medians for the same calls at 2k
 (``bwd-tma-rule-3-h200.json``: window 2048 at N = 2048, 0.457 ms against 0.167), so the recorded rule files
 (``fwd-tma-rule-h200.json``, ``bwd-tma-rule-h200.json`` to ``-3``) are means."""
@@ -26,6 +26,7 @@ import torch
 
 import sparseattn as sa
 from sparseattn.bench import _common as C
+from sparseattn.bench.host import rotated_rounds
 from sparseattn.bench.record import Impl, Pass, Record
 from sparseattn.ops import _launch as L
 
@@ -35,7 +36,10 @@ CASES = {"fwd": [("window1024", 1024), ("window1024", 2048), ("window2048", 4096
                  ("sinks64+window1024", 2048), ("sinks64+window1024", 4096)],
          "bwd": [("window1024", 2048), ("window2048", 3072), ("window2048", 4096), ("sinks64+window1024", 4096),
                  ("window1024", 1024), ("sinks64+window1024", 2048), ("window2048", 2048), ("window2048", 6144),
-                 ("window2048", 8192), ("sinks64+window1024", 8192)]}
+                 ("window2048", 8192), ("sinks64+window1024", 8192),
+                 # between 2 176 and 4 352 pairs (added 2026-12-02 to place the backward's rule)
+                 ("window1024", 2560), ("sinks64+window1024", 2560), ("window1024", 3072),
+                 ("sinks64+window1024", 3072), ("window2048", 2560)]}
 
 
 def _pattern(name):
@@ -68,10 +72,8 @@ def main(pass_: str, out_dir: str, rule=None) -> str:
         L.TMA_MIN_PAIRS[pass_] = shipped
         case = {"pattern": name, "N": N, "B": 1, "H": 16, "D": 128, "dtype": "bf16",
                 "pairs": 16 * int(lay.stats()["listed_tiles"])}
-        eager = {r: [] for r in rules}
-        for _ in range(3):  # interleaved: host speed drifts within a run
-            for rule in rules:
-                eager[rule].append(C.time_gpu(calls[rule], warmup_ms=25, rep_ms=100))
+        # interleaved, each round starting at the next variant: host speed drifts within a run
+        eager = rotated_rounds(lambda r: C.time_gpu(calls[r], warmup_ms=25, rep_ms=100), rules, 3)
         row = {"pattern": name, "N": N, "pairs": case["pairs"]}
         for rule in rules:
             ms = statistics.median(eager[rule])
