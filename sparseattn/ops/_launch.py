@@ -318,10 +318,10 @@ def tma_allowed(tma: Optional[bool], device, in_interpreter: bool) -> bool:
 #: at 2k-8k 13-15% slower; then 1 024 from means of ``do_bench`` (``fwd-tma-rule-h200.json``: 576 pairs 0.50x).
 #: Backward: the eight descriptors cost 15-34 us of host time per call (``checks/bwd-host-desc-h200.json``:
 #: window 2048 at N = 3k 171 against 153 us through autograd) and save 7-8% of the kernel's time. A trace of
-#: the ``do_bench`` loop (``checks/bwd-eager-timeline-h200.json``, 2026-12-02 08:20 UTC) showed the eager call
+#: the ``do_bench`` loop (``checks/bwd-eager-timeline-h200.json``, 2026-12-02 07:53 UTC) showed the eager call
 #: with descriptors timed at its CUDA-graph time from 4 352 pairs up (window 2048 at 3k 0.273 against 0.273
 #: ms, pointers 0.296): the flush hides the host there, so only the device saving counts. The A/B in
-#: medians of three rotated rounds (``bwd-tma-rule-5-h200.json``, 08:26 UTC): descriptors 1.04-1.08x ahead at
+#: medians of three rotated rounds (``bwd-tma-rule-5-h200.json``, 07:57 UTC): descriptors 1.04-1.08x ahead at
 #: every case from 2 880 pairs up (to 15 232), and split below (0.71-1.11x from 576 to 2 480 pairs: host-bound
 #: calls, where a run's host speed decides). The rule sits at 2 700, between the two. (It was 5 300 from
 #: earlier A/Bs whose cases at 4 352-4 400 pairs moved by more than either side from run to run.)
