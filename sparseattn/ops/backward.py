@@ -206,8 +206,9 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: every program of every head sorted by its estimated cost, most expensive first (equal costs head by head);
 #: ``"lead"`` the split-column chunks of every head first, item by item across the heads, then head by head;
 #: ``"head"`` head by head (a 2-D grid, no order table); ``"auto"`` (default) "cost" when every head's Q, K, V
-#: and dO fit in :data:`L2_SHARE` of the L2 cache together, else "lead" when the dK/dV plan splits columns,
-#: else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json: CUDA graphs, H=16, D=128, the
+#: and dO fit in :data:`L2_SHARE` of the L2 cache together, or past it when a static layout's launch has a
+#: long tail of long programs (:data:`COST_ORDER_MIN_TAIL`, :data:`COST_ORDER_MIN_MEAN`), else "lead" when
+#: the dK/dV plan splits columns, else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json: CUDA graphs, H=16, D=128, the
 #: median of three interleaved rounds; ours / FlexAttention, head | lead | cost): window 2048 at N = 2k 1.04 |
 #: 1.04 | 0.85, 4k 1.01 | 1.02 | 0.99, 8k 1.01 | 1.02 | 1.03; causal 2k 1.03 | 1.04 | 0.85, 32k 1.01 | 1.04 |
 #: 1.12; sinks 64 + window 1024 at 4k 1.02 | 0.83 | 0.83; eight documents at 4k 1.03 | 1.04 | 1.11; window
@@ -219,6 +220,19 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: checks/bwd-dispatch-l2-h200.json) the cost order won 2-4% on window 2048, causal and two documents and lost
 #: 2-7% on four and eight: the rule stays at the L2 (geometric mean of those rows 0.982 cost, 0.985 "auto").
 DISPATCH = "auto"
+
+#: Past the L2, "auto" still sorts a static layout's programs by cost when the longest program is at least
+#: this share of one SM's fair share of the estimated work (total / SMs: head by head, the tail the cost order
+#: removes) and the programs average at least :data:`COST_ORDER_MIN_MEAN` cost units (short programs lose
+#: more to the interleaved heads' L2 misses than the order saves). From the H200 A/B at N = 4k-32k
+#: (``checks/bwd-dispatch-l2-h200.json``, ``bwd-dispatch-cost-h200.json``; CUDA graphs, 16 heads, D = 128;
+#: cost / head by head, with this rule's two numbers): the cost order won on window 2048 at 4k (0.981;
+#: tail 0.21, mean 18), causal at 4k (0.966; 0.31, 23) and two documents (0.956 against head, 0.971 against
+#: lead; 0.29, 12.5), tied sinks + window at 4k against "lead" (0.995; 0.32, 12), and lost on four and eight
+#: documents at 4k (1.018, 1.069; means 7 and 4), window 2048 at 6k and 8k (1.015, ~1.01; tails 0.13,
+#: 0.09), causal and window 1024 at 32k (1.11, 1.03; tails 0.04, 0.02).
+COST_ORDER_MIN_TAIL = 0.2
+COST_ORDER_MIN_MEAN = 10.0
 
 #: "auto" sorts by cost when the inputs of every head take at most this share of the L2 cache (H200, 50 MiB:
 #: 16 heads of D = 128 up to N = 3k; the first A/B, checks/bwd-dispatch-cost-1-h200.json, measured the cost
@@ -263,7 +277,8 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
                    lh_div: int, input_bytes: int) -> Optional[torch.Tensor]:
     """The one-launch backward's ``ORDER`` table (int32, program ``p`` of the 1-D grid runs ``bh * per_head +
     pid`` of the 2-D one), or None for head by head (:data:`DISPATCH`). Built once per layout plan, on the
-    device. ``input_bytes``: every head's Q, K, V and dO together ("auto" sorts by cost when they fit L2).
+    device. ``input_bytes``: every head's Q, K, V and dO together ("auto" sorts by cost when they fit L2, and
+    past it when :func:`long_tail` says so).
 
     Why an order: one program per work item, one 8-warp program per SM, and the GPU starts programs in grid
     order as SMs free up. Head by head, the last head's longest programs (a causal mask's last dQ rows, a
@@ -277,8 +292,13 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
     if DISPATCH not in ("auto", "cost", "lead", "head"):
         raise ValueError(f"ops.backward.DISPATCH must be 'auto', 'cost', 'lead' or 'head', got {DISPATCH!r}")
     how = DISPATCH
+    cost = None
     if how == "auto":
         how = "cost" if input_bytes <= L2_SHARE * L.l2_bytes(layout.device) else "lead" if plan.n_ws else "head"
+        if how != "cost" and not layout.dynamic:  # past the L2: still by cost when the tail is long
+            cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
+            if long_tail(cost, L.num_sms(layout.device)):
+                how = "cost"
     if how == "cost" and layout.dynamic:
         how = "lead"
     if how == "head":
@@ -289,8 +309,17 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
         n_lead = min(plan.n_ws, n_items)
         rank = torch.where(pid < n_lead, pid * n_bh + bh, code + n_lead * n_bh)
         return code[torch.argsort(rank)].to(torch.int32)
-    cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
+    if cost is None:
+        cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
     return torch.argsort(cost, descending=True, stable=True).to(torch.int32)
+
+
+def long_tail(cost: torch.Tensor, sms: int) -> bool:
+    """Whether a launch of programs of estimated ``cost`` (any shape) on ``sms`` SMs has the long tail that
+    sorting by cost removes past the L2 (:data:`COST_ORDER_MIN_TAIL`, :data:`COST_ORDER_MIN_MEAN`). One host
+    read of two numbers, once per launch plan."""
+    total, longest = (float(x) for x in torch.stack([cost.sum(), cost.max()]).tolist())
+    return longest * sms >= COST_ORDER_MIN_TAIL * total and total >= COST_ORDER_MIN_MEAN * cost.numel()
 
 
 #: The atomic path's dQ accumulation when the pass loads through tensor descriptors: True, each tile's float32
