@@ -230,7 +230,12 @@ DISPATCH = "auto"
 #: tail 0.21, mean 18), causal at 4k (0.966; 0.31, 23) and two documents (0.956 against head, 0.971 against
 #: lead; 0.29, 12.5), tied sinks + window at 4k against "lead" (0.995; 0.32, 12), and lost on four and eight
 #: documents at 4k (1.018, 1.069; means 7 and 4), window 2048 at 6k and 8k (1.015, ~1.01; tails 0.13,
-#: 0.09), causal and window 1024 at 32k (1.11, 1.03; tails 0.04, 0.02).
+#: 0.09), causal and window 1024 at 32k (1.11, 1.03; tails 0.04, 0.02). Held out, in the crossover suite's
+#: backward part with the rule (2026-12-02 08:22 UTC; ours / Flex over the run before it, an unchanged
+#: layout 0.999): random tiles at 20% and 30% at 4k lost (1.013, 1.032), at 50% won (0.988), sinks + window
+#: at 6k lost against "lead" (1.019); the fit's cases won again (causal 0.951, two documents 0.955, window
+#: 2048 0.980). The two numbers do not tell every tail the order removes (a causal head's longest rows come
+#: last) from random rows' (book/perf-notes.md).
 COST_ORDER_MIN_TAIL = 0.2
 COST_ORDER_MIN_MEAN = 10.0
 
