@@ -218,7 +218,7 @@ def test_long_tail_weighs_the_longest_program_against_one_sms_share():
     from sparseattn.ops import backward as B
     tail, mean = B.COST_ORDER_MIN_TAIL, B.COST_ORDER_MIN_MEAN
     sms = 10
-    flat = torch.full((100,), 2 * mean)  # total 2000 * mean / 10: share 200 * mean / 10 = 20 * mean per SM
+    flat = torch.full((100,), 2 * mean)  # total 200 * mean: one SM's share 20 * mean
     assert not B.long_tail(flat, sms)  # longest 2 * mean = 0.1 of a share
     spike = flat.clone()
     spike[0] = tail * flat.sum() / sms * 1.2  # the longest program over the tail's share

@@ -208,8 +208,9 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: ``"head"`` head by head (a 2-D grid, no order table); ``"auto"`` (default) "cost" when every head's Q, K, V
 #: and dO fit in :data:`L2_SHARE` of the L2 cache together, or past it when a static layout's launch has a
 #: long tail of long programs (:data:`COST_ORDER_MIN_TAIL`, :data:`COST_ORDER_MIN_MEAN`), else "lead" when
-#: the dK/dV plan splits columns, else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json: CUDA graphs, H=16, D=128, the
-#: median of three interleaved rounds; ours / FlexAttention, head | lead | cost): window 2048 at N = 2k 1.04 |
+#: the dK/dV plan splits columns, else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json:
+#: CUDA graphs, H=16, D=128, the median of three interleaved rounds; ours / FlexAttention, head | lead |
+#: cost): window 2048 at N = 2k 1.04 |
 #: 1.04 | 0.85, 4k 1.01 | 1.02 | 0.99, 8k 1.01 | 1.02 | 1.03; causal 2k 1.03 | 1.04 | 0.85, 32k 1.01 | 1.04 |
 #: 1.12; sinks 64 + window 1024 at 4k 1.02 | 0.83 | 0.83; eight documents at 4k 1.03 | 1.04 | 1.11; window
 #: 1024 at 32k 1.01 | 1.03 | 1.04. Sorting across heads interleaves every head's programs, so a head's tiles
@@ -218,7 +219,8 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: within groups of heads that fit L2 together was tried and measured worse than head by head at N = 2k
 #: (1.14x Flex: the last group's longest programs start last). Just past the L2 (N = 4k, 1.28x it;
 #: checks/bwd-dispatch-l2-h200.json) the cost order won 2-4% on window 2048, causal and two documents and lost
-#: 2-7% on four and eight: the rule stays at the L2 (geometric mean of those rows 0.982 cost, 0.985 "auto").
+#: 2-7% on four and eight: the L2 rule stays (geometric mean of those rows 0.982 cost, 0.985 "auto"), and past
+#: it :func:`long_tail` picks the rows the cost order won.
 DISPATCH = "auto"
 
 #: Past the L2, "auto" still sorts a static layout's programs by cost when the longest program is at least

@@ -14,9 +14,10 @@ A second argument replaces the rule under test (a rule above every case's pairs:
 
 The backward is timed as dQ, dK, dV from a kept forward. The table printed last gives both times per rule
 and rule / always. Each time is the median of ``do_bench``'s calls (``C.time_gpu``, as the crossover suite
-times), in three rounds that each start at the next variant; until 2026-12-02 this script took ``do_bench``'s default, the mean, which a host hiccup pulls up: its
-eager backward times sat 2-3x above the crossover suite's medians for the same calls at 2k
-(``bwd-tma-rule-3-h200.json``: window 2048 at N = 2048, 0.457 ms against 0.167), so the recorded rule files
+times), in three rounds that each start at the next variant; until 2026-12-02 this script took
+``do_bench``'s default, the mean, which a host hiccup pulls up: its eager backward times sat 2-3x above the
+crossover suite's medians for the same calls at 2k (``bwd-tma-rule-3-h200.json``: window 2048 at N = 2048,
+0.457 ms against 0.167), so the recorded rule files
 (``fwd-tma-rule-h200.json``, ``bwd-tma-rule-h200.json`` to ``-3``) are means."""
 import os
 import statistics
