@@ -167,6 +167,45 @@ def test_every_dispatch_order_gives_the_same_bits(monkeypatch):
             assert ((g.double() - w).norm() / w.norm()).item() < 1e-4
 
 
+def test_a_dynamic_layouts_order_by_this_calls_costs_gives_the_same_bits(monkeypatch):
+    """``ops.backward.DYNAMIC_ORDER = "cost"``: a routed layout's one-launch backward ordered by the costs of
+    the call's own lists (computed per call, passed as the plan's ``ORDER``) gives the bits of the "lead"
+    order, and a second selection through the same cached plan gets its own order (the gradients of the
+    second layout equal its "lead" gradients too); a bad value is a ValueError naming it."""
+    from sparseattn.ops import backward as B
+    q, k, v, do, cfg, layouts = _gqa_split_case(4)
+    dynamic = [lay for lay in layouts if lay.dynamic]
+    assert dynamic
+    torch.manual_seed(2)
+    other = sa.route(torch.randn_like(q), torch.randn_like(k), 64, 64, topk=1, causal=True)  # same shape
+    assert other.width == dynamic[0].width and not torch.equal(other.full_index, dynamic[0].full_index)
+    orders = []
+    real = L.launch
+
+    def spy(kernel, grid, **kw):
+        if getattr(getattr(kernel, "fn", kernel), "__name__", "") == "bwd_kernel" and B.DYNAMIC_ORDER == "cost":
+            orders.append(kw["ORDER"].clone())
+        return real(kernel, grid, **kw)
+    monkeypatch.setattr(L, "launch", spy)
+    for layout in (*dynamic, other):
+        got = {}
+        for mode in ("lead", "cost"):
+            monkeypatch.setattr(B, "DYNAMIC_ORDER", mode)
+            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+            got[mode] = torch.autograd.grad(sa.sparse_attention(qg, kg, vg, layout, bwd_config=cfg),
+                                            (qg, kg, vg), do)
+        assert all(torch.equal(a, b) for a, b in zip(got["lead"], got["cost"]))
+        # the order this call passed: its own lists' costs, most expensive first
+        cost = B.program_costs(layout, B.dynamic_column_work(layout, cfg.block_n), cfg, 1, q.shape[1], k.shape[1],
+                               q.shape[1] // k.shape[1]).flatten()
+        assert torch.equal(orders[-1], torch.argsort(cost, descending=True, stable=True).to(torch.int32))
+    assert len(orders) == 2 and not torch.equal(orders[0], orders[1])  # one cached plan, two orders
+    monkeypatch.setattr(B, "DYNAMIC_ORDER", "longest")
+    with pytest.raises(ValueError, match="DYNAMIC_ORDER"):
+        B.dispatch_order(dynamic[0], B.dynamic_column_work(dynamic[0], cfg.block_n), cfg, 1, q.shape[1],
+                         k.shape[1], 1, 0)
+
+
 def test_the_cost_order_is_a_permutation_that_starts_the_longest_programs_first(monkeypatch):
     """:func:`~sparseattn.ops.backward.dispatch_order`: under ``"cost"`` every program of the 2-D grid once,
     costs never rising along the order (a dQ row of query tile i lists i + 1 tiles; a chunk at most 4);

@@ -148,12 +148,13 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     dq = torch.empty_like(q) if deterministic else None
     # everything but the per-call tensors, built once per (layout, shapes, strides, config, scale): at
     # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
-    key = ("bwd_args", cfg, deterministic, DISPATCH, L2_SHARE, L.forced_kind(), q.dtype, q.shape, k.shape,
+    key = ("bwd_args", cfg, deterministic, DISPATCH, L2_SHARE, DYNAMIC_ORDER, L.forced_kind(), q.dtype, q.shape,
+           k.shape,
            q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(),
            None if dq is None else dq.stride(), scale)
     build = lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg)  # noqa: E731
     st, per_call = (layout.plan(key, build), {}) if not layout.dynamic else \
-        L.dynamic_plan(layout, key, build, _dynamic_tables(layout, cfg.block_n))
+        L.dynamic_plan(layout, key, build, _dynamic_tables(layout, cfg, B, Hq, Hkv))
     plan = st["plan"]  # for a dynamic layout, only its shape-only sizes are read here
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)  # rowsum(dO * O)
     L.launch(prefill_bwd.delta_kernel, st["delta_grid"], static=st["delta"], **per_call.get("delta", {}), O=o,
@@ -241,6 +242,16 @@ DISPATCH = "auto"
 COST_ORDER_MIN_TAIL = 0.2
 COST_ORDER_MIN_MEAN = 10.0
 
+#: The one-launch backward's order for a dynamic layout (:func:`sparseattn.routing.route`'s), whose lists change
+#: at every call: ``"lead"`` (default; shape-only, built once per shape: split chunks first, then head by head)
+#: or ``"cost"`` (every program sorted by this call's estimated cost, computed on the device at every call: a
+#: dozen small launches and an argsort, no host sync, so a captured graph replays it with new lists). For an
+#: A/B on the device; not measured yet. A list-schedule simulation of a routed layout at N = 4k (16 heads,
+#: 132 SMs, this module's cost units) gave "lead" a 9-22% longer launch than the cost order from top 2 to 16
+#: of 32 key blocks, against 13-15% for the static causal and two-document layouts, where the cost order
+#: measured 5% faster past the L2 (:data:`COST_ORDER_MIN_TAIL`).
+DYNAMIC_ORDER = "lead"
+
 #: "auto" sorts by cost when the inputs of every head take at most this share of the L2 cache (H200, 50 MiB:
 #: 16 heads of D = 128 up to N = 3k; the first A/B, checks/bwd-dispatch-cost-1-h200.json, measured the cost
 #: order 7% ahead of head by head on window 2048 at N = 3k, 48 MiB of inputs)
@@ -260,8 +271,9 @@ def program_costs(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int,
     """float32 ``[B * Hkv, per_head]``: the estimated cost of each program of the one-launch backward's 2-D grid
     (``per_head`` = the dK/dV work items, then the dQ rows of the KV head's GQA group): listed tile pairs a
     program walks, weighted by :data:`DKDV_TILE_COST` for dK/dV items, plus :data:`PROGRAM_COST`. Per layout
-    head, from the layout's lists and the transposed ones; a dynamic layout's lists change at every call, so
-    it has no costs here (:func:`dispatch_order` orders it by shape)."""
+    head, from the layout's lists and the transposed ones. A dynamic layout's lists change at every call: its
+    costs are computed at every call, and only under :data:`DYNAMIC_ORDER` ``"cost"`` (else
+    :func:`dispatch_order` orders it by shape)."""
     dev = layout.device
     group = Hq // Hkv
     hq = torch.arange(Hkv, device=dev)[:, None] * group + torch.arange(group, device=dev)  # [Hkv, group]
@@ -291,13 +303,19 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
     order as SMs free up. Head by head, the last head's longest programs (a causal mask's last dQ rows, a
     sink column's chunks) start last and run alone at the end; at N = 2k-4k (8-30 programs per SM) that tail
     is a large share of the launch. Sorting programs by cost, most expensive first, is the classic
-    longest-processing-time list schedule. A dynamic layout's costs are unknown on the host; it gets the
-    "lead" order."""
+    longest-processing-time list schedule. A dynamic layout's costs are unknown when its plan is built; it
+    gets the "lead" order, or under :data:`DYNAMIC_ORDER` ``"cost"`` a placeholder that every call replaces
+    with its own order by cost, computed on the device."""
     n_items = plan.work.shape[0]
     per_head = n_items + (Hq // Hkv) * math.ceil(layout.q_len / cfg.dq_block_m)
     n_bh = B * Hkv
     if DISPATCH not in ("auto", "cost", "lead", "head"):
         raise ValueError(f"ops.backward.DISPATCH must be 'auto', 'cost', 'lead' or 'head', got {DISPATCH!r}")
+    if DYNAMIC_ORDER not in ("lead", "cost"):
+        raise ValueError(f"ops.backward.DYNAMIC_ORDER must be 'lead' or 'cost', got {DYNAMIC_ORDER!r}")
+    if layout.dynamic and DYNAMIC_ORDER == "cost" and DISPATCH in ("auto", "cost"):
+        # a table of the right size; every call passes its own (:func:`_dynamic_tables`)
+        return torch.arange(n_bh * per_head, device=layout.device, dtype=torch.int32)
     how = DISPATCH
     cost = None
     if how == "auto":
@@ -360,14 +378,21 @@ def _no_workspace(device: torch.device) -> torch.Tensor:
     return torch.empty(1, device=device, dtype=torch.float32)
 
 
-def _dynamic_tables(layout: BlockLayout, block_n: int) -> dict:
+def _dynamic_tables(layout: BlockLayout, cfg: BwdConfig, B: int, Hq: int, Hkv: int) -> dict:
     """The backward launch arguments a dynamic layout supplies per call (:func:`~._launch.dynamic_plan`): its
-    tables, its transposed lists and the dK/dV work plan of this call's lists."""
+    tables, its transposed lists, the dK/dV work plan of this call's lists and, under
+    :data:`DYNAMIC_ORDER` ``"cost"``, the one-launch pass's order by this call's costs (each computed only
+    when the plan asks for it)."""
     t = layout.transposed_lists()
-    work = dynamic_column_work(layout, block_n)
-    return {**L.layout_tables(layout), "Q_COUNT": lambda: t.q_count, "Q_INDEX": lambda: t.q_index,
-            "Q_SLOT": lambda: t.q_slot, "FULL_Q_COUNT": lambda: t.full_q_count,
-            "FULL_Q_INDEX": lambda: t.full_q_index, "WORK": lambda: work.work, "REDUCE": lambda: work.reduce}
+    work = dynamic_column_work(layout, cfg.block_n)
+    tables = {**L.layout_tables(layout), "Q_COUNT": lambda: t.q_count, "Q_INDEX": lambda: t.q_index,
+              "Q_SLOT": lambda: t.q_slot, "FULL_Q_COUNT": lambda: t.full_q_count,
+              "FULL_Q_INDEX": lambda: t.full_q_index, "WORK": lambda: work.work, "REDUCE": lambda: work.reduce}
+    if DYNAMIC_ORDER == "cost" and DISPATCH in ("auto", "cost"):
+        lh_div = L.head_kwargs(layout, Hq, Hkv)["lh_div"]
+        tables["ORDER"] = lambda: torch.argsort(program_costs(layout, work, cfg, B, Hq, Hkv, lh_div).flatten(),
+                                                descending=True, stable=True).to(torch.int32)
+    return tables
 
 
 def _descriptors(q, k, v, do, block_m: int, block_n: int, tma: bool, prefix: str = "desc_") -> dict:
