@@ -7,9 +7,10 @@ keeps the "lead" order, and its transposed lists come from the layout. This meas
 (top 2, 10 and 16 of 32 key blocks, causal: the curve's first point and the two it meets cuDNN between) and
 a static window 2048, the backward from one kept forward: eager (``do_bench`` median of three rotated
 rounds), from a CUDA graph, host microseconds per call (``bench.host.host_us``: calls issued back to back,
-no synchronisation) and the functions with the most own time (``host_profile``). Each routed layout runs twice, under ``ops.backward.DYNAMIC_ORDER``
-"lead" (the default: split chunks first, then head by head) and "cost" (every program sorted by the call's
-own costs, computed on the device per call): a list-schedule simulation gave "lead" a 9-22% longer launch.
+no synchronisation) and the functions with the most own time (``host_profile``). Each routed layout runs
+twice, under ``ops.backward.DYNAMIC_ORDER`` "lead" (the default: split chunks first, then head by head) and
+"cost" (every program sorted by the call's own costs, computed on the device per call): a list-schedule
+simulation gave "lead" a 9-22% longer launch.
 B=1, H=16, D=128, bf16, N = 4096. One command on a GPU box (about two minutes):
 
     python book/data/bench/checks/routed-bwd-host.py   # writes $OUT/routed-bwd-host-<gpu>.json
