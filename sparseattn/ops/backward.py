@@ -149,8 +149,7 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
     # everything but the per-call tensors, built once per (layout, shapes, strides, config, scale): at
     # N <= 4k an eager call's time is mostly this host path (python -m sparseattn.bench host)
     key = ("bwd_args", cfg, deterministic, DISPATCH, L2_SHARE, DYNAMIC_ORDER, L.forced_kind(), q.dtype, q.shape,
-           k.shape,
-           q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(),
+           k.shape, q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), dk.stride(), dv.stride(),
            None if dq is None else dq.stride(), scale)
     build = lambda: _static_kwargs(q, k, v, do, o, dk, dv, dq, layout, scale, deterministic, cfg)  # noqa: E731
     st, per_call = (layout.plan(key, build), {}) if not layout.dynamic else \
