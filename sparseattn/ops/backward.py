@@ -312,7 +312,7 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
         raise ValueError(f"ops.backward.DISPATCH must be 'auto', 'cost', 'lead' or 'head', got {DISPATCH!r}")
     if DYNAMIC_ORDER not in ("lead", "cost"):
         raise ValueError(f"ops.backward.DYNAMIC_ORDER must be 'lead' or 'cost', got {DYNAMIC_ORDER!r}")
-    if layout.dynamic and DYNAMIC_ORDER == "cost" and DISPATCH in ("auto", "cost"):
+    if layout.dynamic and _dynamic_by_cost():
         # a table of the right size; every call passes its own (:func:`_dynamic_tables`)
         return torch.arange(n_bh * per_head, device=layout.device, dtype=torch.int32)
     how = DISPATCH
@@ -336,6 +336,12 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
     if cost is None:
         cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
     return torch.argsort(cost, descending=True, stable=True).to(torch.int32)
+
+
+def _dynamic_by_cost() -> bool:
+    """Whether a dynamic layout's one-launch backward takes each call's order by cost (:data:`DYNAMIC_ORDER`
+    ``"cost"`` under a :data:`DISPATCH` that sorts by cost)."""
+    return DYNAMIC_ORDER == "cost" and DISPATCH in ("auto", "cost")
 
 
 def long_tail(cost: torch.Tensor, sms: int) -> bool:
@@ -387,7 +393,7 @@ def _dynamic_tables(layout: BlockLayout, cfg: BwdConfig, B: int, Hq: int, Hkv: i
     tables = {**L.layout_tables(layout), "Q_COUNT": lambda: t.q_count, "Q_INDEX": lambda: t.q_index,
               "Q_SLOT": lambda: t.q_slot, "FULL_Q_COUNT": lambda: t.full_q_count,
               "FULL_Q_INDEX": lambda: t.full_q_index, "WORK": lambda: work.work, "REDUCE": lambda: work.reduce}
-    if DYNAMIC_ORDER == "cost" and DISPATCH in ("auto", "cost"):
+    if _dynamic_by_cost():
         lh_div = L.head_kwargs(layout, Hq, Hkv)["lh_div"]
         tables["ORDER"] = lambda: torch.argsort(program_costs(layout, work, cfg, B, Hq, Hkv, lh_div).flatten(),
                                                 descending=True, stable=True).to(torch.int32)
