@@ -239,30 +239,33 @@ def test_the_cost_order_is_a_permutation_that_starts_the_longest_programs_first(
     assert order("head") is None
     l2 = B.L2_SHARE * L.l2_bytes(lay.device)
     assert torch.equal(order("auto", int(l2)), by_cost)
-    assert not B.long_tail(cost, L.num_sms(lay.device))  # this launch's tail is short: past the L2, no cost order
+    assert not B.uneven_programs(cost)  # these programs are short: past the L2, no cost order
     assert order("auto", int(l2) + 1).tolist() == lead
-    whole = B.column_work(lay, cfg.block_n, 10**6, H)  # no column split
-    assert whole.n_ws == 0 and order("auto", int(l2) + 1, whole) is None
-    monkeypatch.setattr(B, "COST_ORDER_MIN_TAIL", 0.0)  # every tail long enough: past the L2 too, by cost
+    far = int(B.COST_ORDER_MAX_L2 * l2 / B.L2_SHARE) + 1  # further past the L2: never by cost
+    whole = B.column_work(lay, cfg.block_n, 10**6, H)  # no column split: whole columns, long and uneven
+    assert whole.n_ws == 0 and order("auto", far, whole) is None
+    assert B.uneven_programs(B.program_costs(lay, whole, cfg, 1, H, H, 1))
+    assert torch.equal(order("auto", int(l2) + 1, whole), order("cost", 0, whole))  # just past the L2: by cost
+    monkeypatch.setattr(B, "COST_ORDER_MIN_CV", 0.0)  # any programs uneven enough: just past the L2, by cost
     monkeypatch.setattr(B, "COST_ORDER_MIN_MEAN", 0.0)
     assert torch.equal(order("auto", int(l2) + 1), by_cost)
-    assert torch.equal(order("auto", int(l2) + 1, whole), order("cost", 0, whole))
+    assert order("auto", far).tolist() == lead and order("auto", far, whole) is None
     with pytest.raises(ValueError, match="DISPATCH"):
         order("longest")
 
 
-def test_long_tail_weighs_the_longest_program_against_one_sms_share():
-    """``long_tail``: the longest program against total / SMs (``COST_ORDER_MIN_TAIL``) and the mean program
+def test_uneven_programs_needs_both_spread_and_length():
+    """``uneven_programs``: the programs' coefficient of variation (``COST_ORDER_MIN_CV``) and their mean cost
     (``COST_ORDER_MIN_MEAN``), both needed."""
     from sparseattn.ops import backward as B
-    tail, mean = B.COST_ORDER_MIN_TAIL, B.COST_ORDER_MIN_MEAN
-    sms = 10
-    flat = torch.full((100,), 2 * mean)  # total 200 * mean: one SM's share 20 * mean
-    assert not B.long_tail(flat, sms)  # longest 2 * mean = 0.1 of a share
-    spike = flat.clone()
-    spike[0] = tail * flat.sum() / sms * 1.2  # the longest program over the tail's share
-    assert B.long_tail(spike, sms)
-    assert not B.long_tail(spike / (4 * mean), sms)  # same shape, programs too short on average
+    cv, mean = B.COST_ORDER_MIN_CV, B.COST_ORDER_MIN_MEAN
+    flat = torch.full((100,), 2 * mean)
+    assert not B.uneven_programs(flat)  # long, no spread
+    spread = 2 * mean * (1 + 1.2 * cv * torch.tensor([1.0, -1.0]).repeat(50))  # std = 1.2 cv x the mean
+    assert B.uneven_programs(spread)
+    assert not B.uneven_programs(spread / (4 * mean))  # same spread, programs too short on average
+    narrow = 2 * mean * (1 + 0.8 * cv * torch.tensor([1.0, -1.0]).repeat(50))
+    assert not B.uneven_programs(narrow)
 
 
 def test_a_routed_layout_builds_its_transposed_lists_only_when_the_backward_needs_them():

@@ -206,49 +206,50 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: every program of every head sorted by its estimated cost, most expensive first (equal costs head by head);
 #: ``"lead"`` the split-column chunks of every head first, item by item across the heads, then head by head;
 #: ``"head"`` head by head (a 2-D grid, no order table); ``"auto"`` (default) "cost" when every head's Q, K, V
-#: and dO fit in :data:`L2_SHARE` of the L2 cache together, or past it when a static layout's launch has a
-#: long tail of long programs (:data:`COST_ORDER_MIN_TAIL`, :data:`COST_ORDER_MIN_MEAN`), else "lead" when
-#: the dK/dV plan splits columns, else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json:
-#: CUDA graphs, H=16, D=128, the median of three interleaved rounds; ours / FlexAttention, head | lead |
-#: cost): window 2048 at N = 2k 1.04 |
-#: 1.04 | 0.85, 4k 1.01 | 1.02 | 0.99, 8k 1.01 | 1.02 | 1.03; causal 2k 1.03 | 1.04 | 0.85, 32k 1.01 | 1.04 |
-#: 1.12; sinks 64 + window 1024 at 4k 1.02 | 0.83 | 0.83; eight documents at 4k 1.03 | 1.04 | 1.11; window
-#: 1024 at 32k 1.01 | 1.03 | 1.04. Sorting across heads interleaves every head's programs, so a head's tiles
-#: leave L2 between their readers once the heads' inputs exceed it; a 1-D grid through the table also costs
-#: ~1.5% against the 2-D grid on long launches (a dependent load before each program's work). Sorting
-#: within groups of heads that fit L2 together was tried and measured worse than head by head at N = 2k
-#: (1.14x Flex: the last group's longest programs start last). Just past the L2 (N = 4k, 1.28x it;
-#: checks/bwd-dispatch-l2-h200.json) the cost order won 2-4% on window 2048, causal and two documents and lost
-#: 2-7% on four and eight: the L2 rule stays (geometric mean of those rows 0.982 cost, 0.985 "auto"), and past
-#: it :func:`long_tail` picks the rows the cost order won.
+#: and dO fit in :data:`L2_SHARE` of the L2 cache together, or just past it (:data:`COST_ORDER_MAX_L2`) when a
+#: static layout's programs are long and uneven (:func:`uneven_programs`), else "lead" when the dK/dV plan
+#: splits columns, else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json: CUDA graphs, H=16,
+#: D=128, the median of three interleaved rounds; ours / FlexAttention, head | lead | cost): window 2048 at
+#: N = 2k 1.04 | 1.04 | 0.85, 4k 1.01 | 1.02 | 0.99, 8k 1.01 | 1.02 | 1.03; causal 2k 1.03 | 1.04 | 0.85, 32k
+#: 1.01 | 1.04 | 1.12; sinks 64 + window 1024 at 4k 1.02 | 0.83 | 0.83; eight documents at 4k 1.03 | 1.04 |
+#: 1.11; window 1024 at 32k 1.01 | 1.03 | 1.04. Sorting across heads interleaves every head's programs, so a
+#: head's tiles leave L2 between their readers once the heads' inputs exceed it; a 1-D grid through the table
+#: also costs ~1.5% against the 2-D grid on long launches (a dependent load before each program's work).
+#: Sorting within groups of heads that fit L2 together was tried and measured worse than head by head at N =
+#: 2k (1.14x Flex: the last group's longest programs start last).
 DISPATCH = "auto"
 
-#: Past the L2, "auto" still sorts a static layout's programs by cost when the longest program is at least
-#: this share of one SM's fair share of the estimated work (total / SMs: head by head, the tail the cost order
-#: removes) and the programs average at least :data:`COST_ORDER_MIN_MEAN` cost units (short programs lose
-#: more to the interleaved heads' L2 misses than the order saves). From the H200 A/B at N = 4k-32k
-#: (``checks/bwd-dispatch-l2-h200.json``, ``bwd-dispatch-cost-h200.json``; CUDA graphs, 16 heads, D = 128;
-#: cost / head by head, with this rule's two numbers): the cost order won on window 2048 at 4k (0.981;
-#: tail 0.21, mean 18), causal at 4k (0.966; 0.31, 23) and two documents (0.956 against head, 0.971 against
-#: lead; 0.29, 12.5), tied sinks + window at 4k against "lead" (0.995; 0.32, 12), and lost on four and eight
-#: documents at 4k (1.018, 1.069; means 7 and 4), window 2048 at 6k and 8k (1.015, ~1.01; tails 0.13,
-#: 0.09), causal and window 1024 at 32k (1.11, 1.03; tails 0.04, 0.02). Held out, in the crossover suite's
-#: backward part with the rule (2026-12-02 08:22 UTC; ours / Flex over the run before it, an unchanged
-#: layout 0.999): random tiles at 20% and 30% at 4k lost (1.013, 1.032), at 50% won (0.988), sinks + window
-#: at 6k lost against "lead" (1.019); the fit's cases won again (causal 0.951, two documents 0.955, window
-#: 2048 0.980). The two numbers do not tell every tail the order removes (a causal head's longest rows come
-#: last) from random rows' (book/perf-notes.md).
-COST_ORDER_MIN_TAIL = 0.2
+#: Past the L2, "auto" still sorts a static layout's programs by cost while every head's inputs take at most
+#: this many times the L2 and the programs are long and uneven (:func:`uneven_programs`). From the H200 A/Bs
+#: (CUDA graphs, 16 heads, D = 128, medians of three rotated rounds; cost / lead, and the programs' coefficient
+#: of variation and mean in :func:`program_costs` units): just past the L2 (N = 4k, 1.28x it;
+#: ``checks/bwd-dispatch-l2-h200.json``, ``bwd-dispatch-cost-h200.json``) the cost order won on window 2048
+#: (0.970; cv 0.48, mean 18), causal (0.969; 0.61, 23) and two documents (0.971; 0.57, 12.5), tied sinks +
+#: window (0.995; 0.40) and window 1024 (1.005; 0.36), lost on random tiles at 20-50% (1.005-1.033; 0.31-0.36;
+#: ``checks/bwd-dispatch-held-out-h200.json``) and on four and eight documents (1.024, 1.058; means 7 and 4).
+#: At 1.92x the L2 (N = 6k) it lost on every layout measured, uneven or not: causal 1.019, two documents
+#: 1.054, sinks + window 1.013, window 2048 1.003; further out more (two documents at 8k 1.084, causal at 32k
+#: 1.083). The bound and the two thresholds below sit between those rows; every row's better order (or a tie
+#: within 0.5%) is the one this rule picks. Chosen on all of them: no row is held out. (The rule before it, a
+#: longest program of at least 0.2 of one SM's share, picked the cost order on random tiles at 4k and on
+#: causal, two documents and sinks + window at 6k, where the held-out A/B measured it 0.4-7.5% slower.)
+COST_ORDER_MAX_L2 = 1.5
+#: :func:`uneven_programs`: the least coefficient of variation (standard deviation / mean) of the programs'
+#: estimated costs, and the least mean cost (short programs lose more to the interleaved heads' L2 misses than
+#: the order saves)
+COST_ORDER_MIN_CV = 0.45
 COST_ORDER_MIN_MEAN = 10.0
 
 #: The one-launch backward's order for a dynamic layout (:func:`sparseattn.routing.route`'s), whose lists change
 #: at every call: ``"lead"`` (default; shape-only, built once per shape: split chunks first, then head by head)
 #: or ``"cost"`` (every program sorted by this call's estimated cost, computed on the device at every call: a
-#: dozen small launches and an argsort, no host sync, so a captured graph replays it with new lists). For an
-#: A/B on the device; not measured yet. A list-schedule simulation of a routed layout at N = 4k (16 heads,
-#: 132 SMs, this module's cost units) gave "lead" a 9-22% longer launch than the cost order from top 2 to 16
-#: of 32 key blocks, against 13-15% for the static causal and two-document layouts, where the cost order
-#: measured 5% faster past the L2 (:data:`COST_ORDER_MIN_TAIL`).
+#: dozen small launches and an argsort, no host sync, so a captured graph replays it with new lists). A
+#: list-schedule simulation of a routed layout at N = 4k (16 heads, 132 SMs, this module's cost units) gave
+#: "lead" a 9-22% longer launch than the cost order from top 2 to 16 of 32 key blocks; the device disagreed
+#: (``checks/routed-bwd-host-h200.json``, 2026-12-02 10:33 UTC, N = 4k, from a CUDA graph, lead | cost): top
+#: 2 0.221 | 0.310 ms, top 10 0.400 | 0.444, top 16 0.467 | 0.503 (the per-call ordering's launches cost
+#: more than the order saves), and eager the host time per call doubled (482-502 | 1 109-1 406 us). Kept
+#: for A/Bs; "lead" stays the default.
 DYNAMIC_ORDER = "lead"
 
 #: "auto" sorts by cost when the inputs of every head take at most this share of the L2 cache (H200, 50 MiB:
@@ -296,7 +297,7 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
     """The one-launch backward's ``ORDER`` table (int32, program ``p`` of the 1-D grid runs ``bh * per_head +
     pid`` of the 2-D one), or None for head by head (:data:`DISPATCH`). Built once per layout plan, on the
     device. ``input_bytes``: every head's Q, K, V and dO together ("auto" sorts by cost when they fit L2, and
-    past it when :func:`long_tail` says so).
+    up to :data:`COST_ORDER_MAX_L2` times it when :func:`uneven_programs` says so).
 
     Why an order: one program per work item, one 8-warp program per SM, and the GPU starts programs in grid
     order as SMs free up. Head by head, the last head's longest programs (a causal mask's last dQ rows, a
@@ -318,10 +319,11 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
     how = DISPATCH
     cost = None
     if how == "auto":
-        how = "cost" if input_bytes <= L2_SHARE * L.l2_bytes(layout.device) else "lead" if plan.n_ws else "head"
-        if how != "cost" and not layout.dynamic:  # past the L2: still by cost when the tail is long
-            cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
-            if long_tail(cost, L.num_sms(layout.device)):
+        l2 = L.l2_bytes(layout.device)
+        how = "cost" if input_bytes <= L2_SHARE * l2 else "lead" if plan.n_ws else "head"
+        if how != "cost" and not layout.dynamic and input_bytes <= COST_ORDER_MAX_L2 * l2:
+            cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()  # just past the L2: by cost
+            if uneven_programs(cost):  # when the programs are long and uneven
                 how = "cost"
     if how == "cost" and layout.dynamic:
         how = "lead"
@@ -344,12 +346,12 @@ def _dynamic_by_cost() -> bool:
     return DYNAMIC_ORDER == "cost" and DISPATCH in ("auto", "cost")
 
 
-def long_tail(cost: torch.Tensor, sms: int) -> bool:
-    """Whether a launch of programs of estimated ``cost`` (any shape) on ``sms`` SMs has the long tail that
-    sorting by cost removes past the L2 (:data:`COST_ORDER_MIN_TAIL`, :data:`COST_ORDER_MIN_MEAN`). One host
-    read of two numbers, once per launch plan."""
-    total, longest = (float(x) for x in torch.stack([cost.sum(), cost.max()]).tolist())
-    return longest * sms >= COST_ORDER_MIN_TAIL * total and total >= COST_ORDER_MIN_MEAN * cost.numel()
+def uneven_programs(cost: torch.Tensor) -> bool:
+    """Whether programs of estimated ``cost`` (any shape) are long and uneven enough for the cost order to win
+    just past the L2 (:data:`COST_ORDER_MIN_CV`, :data:`COST_ORDER_MIN_MEAN`). One host read of two numbers,
+    once per launch plan."""
+    mean, std = (float(x) for x in torch.stack([cost.mean(), cost.std(correction=0)]).tolist())
+    return mean >= COST_ORDER_MIN_MEAN and std >= COST_ORDER_MIN_CV * mean
 
 
 #: The atomic path's dQ accumulation when the pass loads through tensor descriptors: True, each tile's float32

@@ -41,11 +41,12 @@ CASES = [("window2048", n) for n in (2048, 4096, 8192)] + \
 EDGE_CASES = [("window2048", n) for n in (3072, 4096, 6144)] + [("causal", 4096)] + \
     [(f"documents{d}", 4096) for d in (2, 4, 8)] + [("sinks64+window1024", 4096)]
 EDGE_VARIANTS = VARIANTS[:3]  # head, lead, cost across every head
-#: ``--held-out``: layouts past the L2 that the "auto" rule's long-tail test (``ops.backward.long_tail``,
-#: chosen on the edge cases) was not chosen on, with "auto" itself beside the three orders (writes
-#: ``bwd-dispatch-held-out-<gpu>.json``; about three minutes). The crossover run of 2026-12-02 08:22 UTC
-#: measured the rule against the run before on four of them (random 20% and 30% lost 1-3%, 50% won 1%,
-#: sinks + window at 6k lost 2%); this times the orders side by side in one process.
+#: ``--held-out``: layouts past the L2 that the "auto" rule of the time (``long_tail``: the longest program at
+#: least 0.2 of one SM's share, mean >= 10) was not chosen on, with "auto" itself beside the three orders
+#: (writes ``bwd-dispatch-held-out-<gpu>.json``; about three minutes). The run of 2026-12-02 10:35 UTC
+#: measured that rule 0.4-7.5% slower than "lead" on five of the eight (random tiles at 4k, causal and two
+#: documents at 6k); its successor, ``ops.backward.uneven_programs`` with ``COST_ORDER_MAX_L2``, was chosen
+#: on these rows and the edge rows together.
 HELD_OUT_CASES = [("random0.2", 4096), ("random0.3", 4096), ("random0.5", 4096), ("sinks64+window1024", 6144),
                   ("documents2", 6144), ("documents2", 8192), ("causal", 6144), ("window1024", 4096)]
 HELD_OUT_VARIANTS = VARIANTS[:3] + (("auto", "auto", 1.0),)
