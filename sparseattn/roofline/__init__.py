@@ -89,13 +89,13 @@ Predicted / measured on the evaluation points::
     decode (cuDNN)                         7    0.97   0.97   0.98     100%
     layout build + transpose              14    0.28   0.17   0.88      14%
     crossover sweep: ours, device        120    1.04   0.96   1.12      96%
-    crossover sweep: Flex, cuDNN, device 121    0.96   0.79   1.08      96%
-    crossover sweep: ours, eager         101    1.03   0.89   1.10      93%
-    crossover sweep: Flex, cuDNN, eager  112    0.98   0.86   1.51      84%
-    all kernel models (no eager decode)  500    1.00   0.86   1.13      92%
-    crossover sweep: device (all)        241    1.00   0.87   1.11      96%
-    crossover sweep: eager (all)         213    1.01   0.86   1.19      88%
-    crossover sweep (all)                454    1.01   0.86   1.13      92%
+    crossover sweep: Flex, cuDNN, device 128    0.95   0.80   1.08      96%
+    crossover sweep: ours, eager         101    1.03   0.91   1.09      97%
+    crossover sweep: Flex, cuDNN, eager  119    0.97   0.85   1.31      85%
+    all kernel models (no eager decode)  514    1.00   0.86   1.12      93%
+    crossover sweep: device (all)        248    1.00   0.87   1.10      96%
+    crossover sweep: eager (all)         220    1.01   0.86   1.15      90%
+    crossover sweep (all)                468    1.00   0.86   1.12      93%
 
 Outside +-25%::
 
@@ -124,7 +124,7 @@ Outside +-25%::
     sparseattn transpose block_random10% N=131072         0.28
     sparseattn layout arbitrary(no rule) N=131072         0.12
     sparseattn transpose arbitrary(no rule) N=131072      0.17
-    ... and 35 more (python -m sparseattn.roofline accuracy)
+    ... and 31 more (python -m sparseattn.roofline accuracy)
 
 Why those fail:
 
@@ -133,7 +133,7 @@ Why those fail:
   in the counts separates the two, so the model (0.12 ms) misses it. The crossover sweep re-measured the
   layout: 0.12 ms (CUDA graph), predicted within 3%.
 * the sweep's eager points at N < 8k: the host can set the time there -- our window backward's eager times
-  at N = 1k-2k (0.15-0.18 ms) are 1.2-2.4x its device times there -- and the host's time per call is not
+  at N = 1k-2k (0.19-0.26 ms) are 1.7-3.1x its device times there -- and the host's time per call is not
   steady within one run nor the same from layout to layout, while the part's host time, measured once on one
   probe layout, prices them all alike. ``do_bench`` flushes the L2 cache with a device memset before every
   call and the host prepares the call meanwhile, so a call is priced at its device time while its host time
