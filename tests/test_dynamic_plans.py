@@ -250,6 +250,15 @@ def test_the_cost_order_is_a_permutation_that_starts_the_longest_programs_first(
     monkeypatch.setattr(B, "COST_ORDER_MIN_MEAN", 0.0)
     assert torch.equal(order("auto", int(l2) + 1), by_cost)
     assert order("auto", far).tolist() == lead and order("auto", far, whole) is None
+    l2_all = int(B.L2_SHARE * L.l2_bytes(lay.device) * 1.5)  # two of the three heads' inputs fit together
+    grouped = order("group", l2_all)
+    assert sorted(grouped.tolist()) == list(range(H * per_head))
+    heads = grouped.long() // per_head
+    assert set(heads[:2 * per_head].tolist()) == {0, 1} and set(heads[2 * per_head:].tolist()) == {2}
+    for part in (grouped[:2 * per_head], grouped[2 * per_head:]):  # by cost within each group
+        c = cost.flatten()[part.long()]
+        assert bool((c[1:] <= c[:-1]).all())
+    assert torch.equal(order("group", 0), by_cost)  # every head fits: one group, the cost order
     with pytest.raises(ValueError, match="DISPATCH"):
         order("longest")
 

@@ -205,7 +205,9 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: The one-launch backward's dispatch order (:func:`dispatch_order`; same bits in every order): ``"cost"``
 #: every program of every head sorted by its estimated cost, most expensive first (equal costs head by head);
 #: ``"lead"`` the split-column chunks of every head first, item by item across the heads, then head by head;
-#: ``"head"`` head by head (a 2-D grid, no order table); ``"auto"`` (default) "cost" when every head's Q, K, V
+#: ``"head"`` head by head (a 2-D grid, no order table); ``"group"`` (opt-in, for A/Bs far past the L2) "cost"
+#: within groups of consecutive heads whose inputs fit :data:`L2_SHARE` of the L2 together, one group after
+#: the other; ``"auto"`` (default) "cost" when every head's Q, K, V
 #: and dO fit in :data:`L2_SHARE` of the L2 cache together, or just past it (:data:`COST_ORDER_MAX_L2`) when a
 #: static layout's programs are long and uneven (:func:`uneven_programs`), else "lead" when the dK/dV plan
 #: splits columns, else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json: CUDA graphs, H=16,
@@ -309,8 +311,9 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
     n_items = plan.work.shape[0]
     per_head = n_items + (Hq // Hkv) * math.ceil(layout.q_len / cfg.dq_block_m)
     n_bh = B * Hkv
-    if DISPATCH not in ("auto", "cost", "lead", "head"):
-        raise ValueError(f"ops.backward.DISPATCH must be 'auto', 'cost', 'lead' or 'head', got {DISPATCH!r}")
+    if DISPATCH not in ("auto", "cost", "lead", "head", "group"):
+        raise ValueError(f"ops.backward.DISPATCH must be 'auto', 'cost', 'lead', 'head' or 'group', got "
+                         f"{DISPATCH!r}")
     if DYNAMIC_ORDER not in ("lead", "cost"):
         raise ValueError(f"ops.backward.DYNAMIC_ORDER must be 'lead' or 'cost', got {DYNAMIC_ORDER!r}")
     if layout.dynamic and _dynamic_by_cost():
@@ -325,7 +328,7 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
             cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()  # just past the L2: by cost
             if uneven_programs(cost):  # when the programs are long and uneven
                 how = "cost"
-    if how == "cost" and layout.dynamic:
+    if how in ("cost", "group") and layout.dynamic:
         how = "lead"
     if how == "head":
         return None
@@ -337,7 +340,12 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
         return code[torch.argsort(rank)].to(torch.int32)
     if cost is None:
         cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
-    return torch.argsort(cost, descending=True, stable=True).to(torch.int32)
+    by_cost = torch.argsort(cost, descending=True, stable=True)
+    if how == "group":  # heads whose inputs fit L2_SHARE of the L2 together, by cost within, group by group
+        per_group = max(1, int(L2_SHARE * L.l2_bytes(layout.device) * n_bh // max(input_bytes, 1)))
+        group = (by_cost // per_head) // per_group
+        by_cost = by_cost[torch.argsort(group, stable=True)]
+    return by_cost.to(torch.int32)
 
 
 def _dynamic_by_cost() -> bool:
