@@ -207,7 +207,9 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: ``"lead"`` the split-column chunks of every head first, item by item across the heads, then head by head;
 #: ``"head"`` head by head (a 2-D grid, no order table); ``"group"`` (opt-in, for A/Bs far past the L2) "cost"
 #: within groups of consecutive heads whose inputs fit :data:`L2_SHARE` of the L2 together, one group after
-#: the other; ``"auto"`` (default) "cost" when every head's Q, K, V
+#: the other (at N = 16k, ``checks/bwd-dispatch-far-h200.json``, groups of half the L2 over "lead": two
+#: documents 0.995, four 1.000, causal 0.996, window 2048 1.003, sinks + window 1.025, random tiles at 50%
+#: 1.021: no gain); ``"auto"`` (default) "cost" when every head's Q, K, V
 #: and dO fit in :data:`L2_SHARE` of the L2 cache together, or just past it (:data:`COST_ORDER_MAX_L2`) when a
 #: static layout's programs are long and uneven (:func:`uneven_programs`), else "lead" when the dK/dV plan
 #: splits columns, else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json: CUDA graphs, H=16,
