@@ -236,7 +236,8 @@ DISPATCH = "auto"
 #: 1.083). The bound and the two thresholds below sit between those rows; every row's better order (or a tie
 #: within 0.5%) is the one this rule picks. Chosen on all of them: no row is held out. (The rule before it, a
 #: longest program of at least 0.2 of one SM's share, picked the cost order on random tiles at 4k and on
-#: causal, two documents and sinks + window at 6k, where the held-out A/B measured it 0.4-7.5% slower.)
+#: causal, two documents and sinks + window at 6k, where the held-out A/B measured it 0.4-8.8% slower than
+#: "lead".)
 COST_ORDER_MAX_L2 = 1.5
 #: :func:`uneven_programs`: the least coefficient of variation (standard deviation / mean) of the programs'
 #: estimated costs, and the least mean cost (short programs lose more to the interleaved heads' L2 misses than
