@@ -45,8 +45,9 @@ EDGE_VARIANTS = VARIANTS[:3]  # head, lead, cost across every head
 #: least 0.2 of one SM's share, mean >= 10) was not chosen on, with "auto" itself beside the three orders
 #: (writes ``bwd-dispatch-held-out-<gpu>.json``; about three minutes). The run of 2026-12-02 10:35 UTC
 #: measured that rule more than 0.5% slower than "lead" on five of the eight (random tiles at 30% and 50% at
-#: 4k, sinks + window, causal and two documents at 6k; up to 8.8%); its successor, ``ops.backward.uneven_programs`` with ``COST_ORDER_MAX_L2``, was chosen
-#: on these rows and the edge rows together.
+#: 4k, sinks + window, causal and two documents at 6k; up to 8.8%); its successor,
+#: ``ops.backward.uneven_programs`` with ``COST_ORDER_MAX_L2``, was chosen on these rows and the edge rows
+#: together.
 HELD_OUT_CASES = [("random0.2", 4096), ("random0.3", 4096), ("random0.5", 4096), ("sinks64+window1024", 6144),
                   ("documents2", 6144), ("documents2", 8192), ("causal", 6144), ("window1024", 4096)]
 HELD_OUT_VARIANTS = VARIANTS[:3] + (("auto", "auto", 1.0),)
