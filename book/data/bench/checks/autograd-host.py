@@ -18,9 +18,18 @@ host us per call (``bench.host.host_us``; rotated rounds, medians):
 B=1, H=16, D=128, bf16, window 2048 at N = 4096. One command on a GPU box (about one minute):
 
     python book/data/bench/checks/autograd-host.py   # writes $OUT/autograd-host-<gpu>.json
+
+Run on 2026-12-02 11:39 UTC (``autograd-host-h200.json``; host us per call, medians of five rotated rounds):
+autograd 403, autograd_enable_grad 419, direct 155, direct_thread 163, trivial 81, trivial_direct 349. Our
+call inside the engine's device thread took ~270 us (349 - 81) against 155 on the calling thread and 163 on
+a fresh Python thread; grad mode is not the cause. ``--pin`` runs the same with the process pinned to one
+CPU core before any autograd call (the engine's device threads, started at the first backward, inherit the
+mask), to test whether the cost is waking the device thread on an idle core (writes
+``autograd-host-pinned-<gpu>.json``).
 """
 import os
 import statistics
+import sys
 import threading
 import time
 
@@ -37,7 +46,9 @@ N = 4096
 CALLS = 200
 
 
-def main(out_dir: str) -> str:
+def main(out_dir: str, pin: bool = False) -> str:
+    if pin:  # before any autograd call: the engine's device threads inherit this thread's mask
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     g = torch.Generator(device="cuda").manual_seed(N)
     q, k, v, do = (torch.randn(1, 16, N, 128, device="cuda", dtype=torch.bfloat16, generator=g)
                    for _ in range(4))
@@ -110,10 +121,10 @@ def main(out_dir: str) -> str:
     records = [Record(case, Impl.OURS, Pass.BWD, med["autograd"] / 1e3, {"host_us": med, "rounds_us": got})]
     table = [{"variant": n, "host_us": round(x, 1), "rounds": " ".join(f"{y:.0f}" for y in got[n])}
              for n, x in med.items()]
-    path = C.write_json("autograd-host", records, out_dir, C.environment())
+    path = C.write_json("autograd-host-pinned" if pin else "autograd-host", records, out_dir, C.environment())
     C.print_table(table, list(table[0]))
     return path
 
 
 if __name__ == "__main__":
-    print(main(os.environ.get("OUT", ".")))
+    print(main(os.environ.get("OUT", "."), pin="--pin" in sys.argv[1:]))
