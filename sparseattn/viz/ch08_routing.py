@@ -105,7 +105,8 @@ def split_figure(doc: BenchFile, topk: Optional[int] = None) -> go.Figure:
     case = dict(N=m["N"], Hkv=m["Hkv"], share=m["share"])
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12,
                         # two lines each: one line overlaps its neighbour in a book-width figure
-                        subplot_titles=[f"forward step, top-{k}<br>(terms alone; ours skips the index)",
+                        subplot_titles=[f"forward step, top-{k}<br>(terms alone; ours skips the index"
+                                        + (")" if k == m["topk"] else f"; Flex at top-{m['topk']} only)"),
                                         f"fwd + bwd, fixed at top-{m['topk']}<br>(measured there only)"])
     impls = [Impl.OURS] + ([Impl.FLEX] if k == m["topk"] else [])
     names = {Impl.OURS: "ours", Impl.FLEX: "Flex pipeline"}
@@ -292,15 +293,16 @@ def reuse_figure(doc: BenchFile) -> go.Figure:
     order = {"none": 0, "kv_head": 1, "all": 2}
     gqa.sort(key=lambda r: order[r.case["share"]])
     labels = [f"{r.case['share']}<br>({r.get('layout_heads')} sel.)" for r in gqa]
+    main = doc.one(Impl.OURS, Pass.ROUTE, **m)  # the main shape: the stale selection's panel
     # two-line titles and a wider gap: in a book-width figure one-line titles run into the next panel
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.12, subplot_titles=[
-        f"routing time,<br>{gqa[0].case['Hq']} query / {gqa[0].case['Hkv']} KV heads", "recall", "recall of a<br>stale "
-        "selection"])
+        f"routing time,<br>{gqa[0].case['Hq']} query / {gqa[0].case['Hkv']} KV heads",
+        f"recall,<br>{gqa[0].case['Hq']} query / {gqa[0].case['Hkv']} KV heads",
+        f"stale selection's recall,<br>{main.case['Hq']} query / {main.case['Hkv']} KV heads"])
     fig.add_trace(go.Bar(x=labels, y=[r.ms for r in gqa], marker_color=COLORS[Impl.OURS], showlegend=False),
                   row=1, col=1)
     fig.add_trace(go.Bar(x=labels, y=[r.get("recall") for r in gqa], marker_color=LIGHT[Impl.OURS], showlegend=False),
                   row=1, col=2)
-    main = doc.one(Impl.OURS, Pass.ROUTE, **m)
     drift = sorted((float(d), rec) for d, rec in main.get("recall_drifted").items())
     # bars from 0: a flat line on a zoomed axis would make differences in the 4th decimal look large
     fig.add_trace(go.Bar(x=["fresh"] + [f"drift<br>{d:g}" for d, _ in drift],
