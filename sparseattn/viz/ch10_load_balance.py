@@ -92,7 +92,8 @@ def cost_table(split="auto") -> Table:
                      r.capacity, r.tasks_split, f"{1 - r.tasks_split / r.capacity:.0%}", f"{ws_mb:.0f}"])
     return Table(["case", "chunk", "split rows", "tasks of split rows", "merge traffic / K,V loads",
                   "capacity (tasks)", "tasks used", "empty slots", "workspace reserved (MiB)"], rows,
-                 caption="Computed from the block tables and the planner's shape-only capacity (per head; bf16 "
+                 caption="Computed from the block tables and the planner's shape-only capacity (tasks per head, "
+                         "workspace for all heads; bf16 "
                          f"K/V, float32 workspace, D={D}, {SMS} SMs).")
 
 
