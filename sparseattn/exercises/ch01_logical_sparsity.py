@@ -80,7 +80,7 @@ def check_tile_work(fn) -> None:
                                          f"{want[key]} (BlockLayout.from_dense(...).stats())")
     mask = _masks()["window 40"]
     r = tile_work_solution(mask, 64)
-    passed("tile_work", f"window 40 at tiles 64: {r['tiles']} tiles, physical / logical = "
+    passed("tile_work", f"a 40-token window, 64 x 64 tiles: {r['tiles']} tiles, physical / logical = "
                         f"{r['physical'] / r['logical']:.2f}")
 
 

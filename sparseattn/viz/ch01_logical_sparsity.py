@@ -331,7 +331,9 @@ def four_ways_small(L: int = 256, heads: int = 2, head_dim: int = 32, block: int
     way's output compared with the fp64 reference on the pattern's mask (``max_err``: max absolute error;
     ``rel_err``: :func:`sparseattn.reference.relative_error`, the measure the tolerance table bounds), and the
     query-key scores it computed
-    (naive and cuDNN: every cell of the envelope; ours and FlexAttention: the cells of the listed tiles)."""
+    (naive: every cell of the square; cuDNN: the causal triangle's cells, a lower bound, since a causal kernel
+    multiplies its diagonal tiles whole; ours and FlexAttention: the cells of the listed tiles, the compiled
+    kernel's count for FlexAttention, whose eager fallback off the GPU computes the whole square)."""
     import warnings
     from .. import patterns as P
     from ..bench import _common as C
@@ -357,7 +359,7 @@ def four_ways_small(L: int = 256, heads: int = 2, head_dim: int = 32, block: int
     for impl, _ in FOUR_WAYS:
         if impl not in ways:
             out.append({"impl": impl, "ran": False, "scores": L * (L + 1) // 2, "max_err": None,
-                        "rel_err": None, "note": "cuDNN needs a GPU"})
+                        "rel_err": None, "note": "cuDNN needs a GPU; its count: the causal cells, a lower bound"})
             continue
         fn, scores = ways[impl]
         try:
@@ -371,8 +373,10 @@ def four_ways_small(L: int = 256, heads: int = 2, head_dim: int = 32, block: int
         is_causal_envelope = impl == Impl.CUDNN  # cuDNN computes the causal envelope: compare where it agrees
         err = float((o.double() - ref).abs().max()) if not is_causal_envelope else None
         rel = relative_error(o, ref) if not is_causal_envelope else None
-        out.append({"impl": impl, "ran": True, "scores": scores, "max_err": err, "rel_err": rel,
-                    "note": "computes the causal envelope, not the pattern" if is_causal_envelope else ""})
+        note = "computes the causal envelope, not the pattern; its count: the causal cells, a lower bound" \
+            if is_causal_envelope else f"the compiled kernel's count; this eager fallback computes all {L * L}" \
+            if impl == Impl.FLEX and not cuda else ""
+        out.append({"impl": impl, "ran": True, "scores": scores, "max_err": err, "rel_err": rel, "note": note})
     return out
 
 
