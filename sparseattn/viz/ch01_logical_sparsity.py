@@ -275,7 +275,8 @@ def work_figure(ledger: dict, measured: Optional[Dict[str, float]] = None, title
                          name="cuDNN on the envelope", marker_color=COLORS[Impl.CUDNN], legendgroup="time"), 2, 1)
     shades = ["#d62728", "#e15759", "#ff9896", "#f7b6b2", "#fdd0a2", "#9c9ede", "#6b6ecf"]
     for (name, ms), color in zip(ledger["time_ms"].items(), shades):
-        fig.add_trace(go.Bar(y=["ours"], x=[ms], orientation="h", name=f"ours: {name}", marker_color=color,
+        label = f"ours: {name}" + (" (0 here)" if ms == 0 else "")  # a zero term has no bar: say so
+        fig.add_trace(go.Bar(y=["ours"], x=[ms], orientation="h", name=label, marker_color=color,
                              legendgroup="time", hovertemplate=f"{name}: %{{x:.3g}} ms<extra></extra>"), 2, 1)
     if measured:
         ys = [(y, measured.get(who)) for who, y in (("sparseattn", "ours"), ("cudnn", "cuDNN")) if measured.get(who)]
