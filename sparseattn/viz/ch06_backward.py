@@ -46,7 +46,7 @@ def column_work_figure(N: int = 32768, chunk: Optional[int] = None) -> go.Figure
                       title=(f"dK/dV work per program, sinks 64 + window 1024, N = {N}<br><sup>the sink column "
                              f"lists {int(cols.max())} query tiles, the median column {int(cols.median())}; "
                              "computed from the block table (tiles 128)</sup>"),
-                      xaxis_title="query tiles walked by one program", yaxis_title="programs (count)",
+                      xaxis_title="query tiles walked by one program", yaxis_title="programs of one head (count)",
                       legend=dict(orientation="h", y=-0.25))
     # explicit ranges: autorange on a log histogram cuts the tallest bar and the sink column's bin; the counts
     # are binned by plotly, so the labels reach the labelled tick just past the count of every program
