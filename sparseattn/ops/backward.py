@@ -207,9 +207,10 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: ``"lead"`` the split-column chunks of every head first, item by item across the heads, then head by head;
 #: ``"head"`` head by head (a 2-D grid, no order table); ``"group"`` (opt-in, for A/Bs far past the L2) "cost"
 #: within groups of consecutive heads whose inputs fit :data:`L2_SHARE` of the L2 together, one group after
-#: the other (at N = 16k, ``checks/bwd-dispatch-far-h200.json``, groups of half the L2 over "lead": two
-#: documents 0.995, four 1.000, causal 0.996, window 2048 1.003, sinks + window 1.025, random tiles at 50%
-#: 1.021: no gain); ``"auto"`` (default) "cost" when every head's Q, K, V
+#: the other (measured worse than head by head at N = 2k, 1.14x Flex: the last group's longest programs start
+#: last; at N = 16k, ``checks/bwd-dispatch-far-h200.json``, groups of half the L2 over "lead": two documents
+#: 0.995, four 1.000, causal 0.996, window 2048 1.003, sinks + window 1.025, random tiles at 50% 1.021: no
+#: gain); ``"auto"`` (default) "cost" when every head's Q, K, V
 #: and dO fit in :data:`L2_SHARE` of the L2 cache together, or just past it (:data:`COST_ORDER_MAX_L2`) when a
 #: static layout's programs are long and uneven (:func:`uneven_programs`), else "lead" when the dK/dV plan
 #: splits columns, else "head". Measured on the H200 (checks/bwd-dispatch-cost-h200.json: CUDA graphs, H=16,
@@ -219,8 +220,6 @@ def _backward_with(do, q, k, v, o, lse, layout: BlockLayout, scale: float, deter
 #: 1.11; window 1024 at 32k 1.01 | 1.03 | 1.04. Sorting across heads interleaves every head's programs, so a
 #: head's tiles leave L2 between their readers once the heads' inputs exceed it; a 1-D grid through the table
 #: also costs ~1.5% against the 2-D grid on long launches (a dependent load before each program's work).
-#: Sorting within groups of heads that fit L2 together was tried and measured worse than head by head at N =
-#: 2k (1.14x Flex: the last group's longest programs start last).
 DISPATCH = "auto"
 
 #: Past the L2, "auto" still sorts a static layout's programs by cost while every head's inputs take at most
@@ -343,12 +342,17 @@ def dispatch_order(layout: BlockLayout, plan: ColumnWork, cfg: BwdConfig, B: int
         return code[torch.argsort(rank)].to(torch.int32)
     if cost is None:
         cost = program_costs(layout, plan, cfg, B, Hq, Hkv, lh_div).flatten()
-    by_cost = torch.argsort(cost, descending=True, stable=True)
+    by_cost = _by_cost(cost)
     if how == "group":  # heads whose inputs fit L2_SHARE of the L2 together, by cost within, group by group
         per_group = max(1, int(L2_SHARE * L.l2_bytes(layout.device) * n_bh // max(input_bytes, 1)))
         group = (by_cost // per_head) // per_group
         by_cost = by_cost[torch.argsort(group, stable=True)]
     return by_cost.to(torch.int32)
+
+
+def _by_cost(cost: torch.Tensor) -> torch.Tensor:
+    """Program ids (flat) most expensive first, equal costs in grid order: the longest-processing-time order."""
+    return torch.argsort(cost.flatten(), descending=True, stable=True)
 
 
 def _dynamic_by_cost() -> bool:
@@ -408,8 +412,7 @@ def _dynamic_tables(layout: BlockLayout, cfg: BwdConfig, B: int, Hq: int, Hkv: i
               "FULL_Q_INDEX": lambda: t.full_q_index, "WORK": lambda: work.work, "REDUCE": lambda: work.reduce}
     if _dynamic_by_cost():
         lh_div = L.head_kwargs(layout, Hq, Hkv)["lh_div"]
-        tables["ORDER"] = lambda: torch.argsort(program_costs(layout, work, cfg, B, Hq, Hkv, lh_div).flatten(),
-                                                descending=True, stable=True).to(torch.int32)
+        tables["ORDER"] = lambda: _by_cost(program_costs(layout, work, cfg, B, Hq, Hkv, lh_div)).to(torch.int32)
     return tables
 
 
