@@ -38,7 +38,7 @@ import torch
 
 from ..layout import BlockLayout
 from ..ops import BwdConfig
-from .cases import PREFILL_PATTERNS, layout_mask_mod, prefill_layout
+from .cases import PREFILL_PATTERNS, TABLE_PATTERNS, layout_mask_mod, prefill_layout
 from .ceilings import Ceilings, load_record, record_path
 from . import host as H
 from .counts import Shape
@@ -56,7 +56,8 @@ CALIBRATION_PATTERNS = ("causal", "window1024")
 #: built by the same code as the suites (:mod:`.cases`); each rebuilt layout is checked against the tile
 #: count its row recorded (:func:`point_work`).
 RECORDED_PATTERNS: Dict[str, Callable[[int], BlockLayout]] = {
-    name: functools.partial(prefill_layout, name, block=128, device="cpu") for name in ["dense"] + PREFILL_PATTERNS}
+    name: functools.partial(prefill_layout, name, block=128, device="cpu")
+    for name in ["dense"] + PREFILL_PATTERNS + TABLE_PATTERNS}
 
 
 def _layout_build_mask(name: str, N: int):
@@ -103,18 +104,14 @@ _GROUPS = {
 }
 #: The bench files the calibration reads (the main runs; sweep and re-check files repeat these points). The
 #: decode runs the packaged record was fitted on were later re-recorded (a read ceiling); the fit keeps reading
-#: the runs it was made from. The layout build is fitted on the current layout suite (its kernels changed).
+#: the runs it was made from. The prefill and backward suites were re-recorded on 2026-12-02 with the kernels
+#: as they are (the runs before: ``checks/{prefill,backward}-2026-11-29-h200.json``, whose backward rows of ours
+#: predated TMA and were replaced in the fit by the ``versus`` suite's rows until then).
 FILES = ("prefill-h200.json", "backward-h200.json", "decode_keep-h200.json", "decode-sweep-h200.json",
-         "layout-h200.json", "versus-h200.json")
-#: Rows of a file that a later recording of the same kernels replaces, by file: the implementations whose
-#: rows there are ``"superseded"`` (neither fitted nor evaluated), and why. Our backward changed after
-#: ``backward-h200.json`` (TMA in both passes, per-pass configs, the dQ pass beside the dK/dV pass); its
-#: current times at the calibration layouts are the ``versus`` suite's rows (:data:`REFRESH_ROWS`).
-SUPERSEDED = {"backward-h200.json": ("sparseattn", "sparseattn-nosplit", "sparseattn-atomic")}
-#: What a refresh file contributes: its rows of these implementations and pass at the calibration shape.
-REFRESH_ROWS = {"versus-h200.json": dict(impls=("sparseattn", "sparseattn-atomic"), pass_="bwd",
-                                         patterns=("causal", "window1024", "sinks64+window1024"),
-                                         case=dict(H=16, D=128, dtype="bf16"))}
+         "layout-h200.json")
+#: The host path of each file recorded after the cached launch (the others ran :data:`.host.RECORDED_PATH`):
+#: its eager points are priced with that path's host term.
+FILE_HOST_PATHS = {"prefill-h200.json": "fast-launch", "backward-h200.json": "fast-launch"}
 #: Files whose points only ever evaluate the model, read when present: the crossover sweep
 #: (``python -m sparseattn.bench crossover``), recorded after the fit.
 EVALUATION_FILES = ("crossover-h200.json",)
@@ -136,11 +133,6 @@ def _points_of(fname: str, i: int, r: dict) -> List[Point]:
 def _point_of(fname: str, i: int, r: dict) -> Optional[Point]:
     key = (r["impl"], r["pass"])
     if key not in _GROUPS or r.get("ms") is None or r.get("sweep") or r.get("config"):
-        return None
-    keep = REFRESH_ROWS.get(fname)
-    if keep is not None and not (r["impl"] in keep["impls"] and r["pass"] == keep["pass_"]
-                                 and r["case"].get("pattern") in keep["patterns"]
-                                 and all(r["case"].get(k) == v for k, v in keep["case"].items())):
         return None
     c = r["case"]
     if c.get("family") == "routing":  # a routed layout cannot be rebuilt on the CPU
@@ -171,7 +163,8 @@ def load_points(bench_dir=None, docs: Optional[Dict[str, dict]] = None) -> List[
             raise FileNotFoundError(f"the calibration needs {fname} (docs has {sorted(docs or {})})")
         for i, r in enumerate(doc["results"]):
             for p in _points_of(fname, i, r):
-                p.role = "superseded" if p.impl in SUPERSEDED.get(fname, ()) else role_of(p)
+                p.role = role_of(p)
+                p.host_path = FILE_HOST_PATHS.get(fname)
                 points.append(p)
     points += host_suite_device_points(bench_dir, docs)
     sweep_points = []
@@ -207,7 +200,7 @@ HOST_DEVICE_PREFIX = "host:"
 #: path's current file, prices ``T_host`` and adds no device point)
 HOST_DEVICE_FILES = ("checks/host-before-delta-kernel-h200.json", "host-h200.json", "checks/host-bwd-profile-h200.json")
 #: Ops whose short-end device points come only from these files: recorded with the op's current kernels
-#: (our backward changed after the other host recordings; see :data:`SUPERSEDED`).
+#: (our backward changed after the other host recordings).
 DEVICE_CURRENT = {("sparseattn", "bwd"): ("checks/host-bwd-profile-h200.json",)}
 #: Every file :func:`load_points` reads (a notebook passes them as ``docs``).
 READ_FILES = FILES + EVALUATION_FILES + HOST_DEVICE_FILES
@@ -718,8 +711,6 @@ def run(bench_dir=None, out: Optional[pathlib.Path] = None, slug: str = "h200", 
         "calibration_points": [p.id for p in points if p.role == "calibration"],
         "evaluation_points": [p.id for p in points if p.role == "evaluation"],
         "repeated_points": [p.id for p in points if p.role == "repeat"],
-        "superseded_points": [p.id for p in points if p.role == "superseded"],
-        "superseded_rule": {f: {"impls": list(v), "by": list(REFRESH_ROWS)} for f, v in SUPERSEDED.items()},
         "points": rows,
         "accuracy": acc,
         # the model this fit replaced, on the same sweep points: its summary kept for the before/after table

@@ -67,7 +67,8 @@ HOST_FILES = {"triton-binding": "checks/host-before-delta-kernel-h200.json",
               "fast-launch": "checks/host-5-h200.json"}
 #: The path of the code as it is now (what :func:`sparseattn.roofline.cost` prices).
 CURRENT_PATH = "fast-launch"
-#: The path every recorded bench file the calibration reads ran (all recorded before the cached launch).
+#: The path the recorded bench files the calibration reads ran (recorded before the cached launch), but those
+#: :data:`.calibrate.FILE_HOST_PATHS` names.
 RECORDED_PATH = "triton-binding"
 
 
