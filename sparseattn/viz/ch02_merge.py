@@ -2,6 +2,7 @@
 result; merge a tile twice and its keys weigh double while every other key is diluted."""
 from __future__ import annotations
 
+import platform
 from typing import Optional
 
 import plotly.graph_objects as go
@@ -71,7 +72,8 @@ def merge_error_figure(chunks: int = 8, n: int = 4096, trials: int = 30) -> go.F
             else f"{chunks} random pieces of a {n}-key row, merged in random order")
     fig.update_layout(title=f"{what}"
                             "<br><sup>error vs the fp64 one-pass softmax, in machine epsilons of each dtype; "
-                            "computed on this machine's CPU</sup>",
+                            f"computed on the CPU that ran this page ({platform.machine()}, torch "
+                            f"{torch.__version__})</sup>",
                       xaxis_title="trial (random cut points and merge order)",
                       yaxis_title="max |error| / machine epsilon", height=420, title_font_size=14)
     return fig
@@ -120,6 +122,9 @@ def duplicate_tile_figure(duplicated: Optional[int] = 3, n: int = 512, tile: int
         label = (f"tile {duplicated} merged twice: its keys hold {st['share_merged']:.0%} of the weight, "
                  f"not {st['share_exact']:.0%}")
     fig.update_layout(title=f"{label}<br><sup>{n} keys in tiles of {tile}; max output error "
-                            f"{st['error']:.1e}; fp64 on this machine's CPU</sup>",
+                            f"{st['error']:.1e}; computed in fp64 (shaded: the duplicated tile)</sup>",
                       xaxis_title="key position", yaxis_title="attention weight", height=400, title_font_size=14)
+    if duplicated is not None:
+        fig.add_vrect(x0=duplicated * tile - 0.5, x1=(duplicated + 1) * tile - 0.5, fillcolor="gray",
+                      opacity=0.15, line_width=0)
     return fig
