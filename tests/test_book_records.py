@@ -57,7 +57,7 @@ def test_versus_bwd_figure_has_one_bar_per_line_targets_and_units():
     assert "x" in fig.layout.yaxis.title.text and fig.layout.xaxis.title.text
     title = fig.layout.title.text
     assert doc.meta["device"] in title and doc.meta["torch"] in title and doc.meta["date"][:10] in title
-    # a merged file: the caption times the rows drawn, and names no row the figure does not draw
+    # the caption times the rows drawn (one run or merged), and names no row the figure does not draw
     dates, shown = V.versus_row_dates(doc), {x["row"] for x in lines}
     assert all(dates[r][11:16] in title for r in shown)
     assert not any(r in title for r in dates if r not in shown)

@@ -143,8 +143,9 @@ def versus_caption(doc: BenchFile, sep: str = "; ", rows=None) -> str:
     for row, date in dates.items():
         if rows is None or row in rows:
             by_date.setdefault(date, []).append(row)
-    if merged and len(by_date) == 1:  # a merged file whose shown rows ran together: when
-        parts.append(f"all rows shown at {next(iter(by_date))[11:16]} UTC")
+    if len(by_date) == 1:  # the shown rows ran together: when (a whole one-run file: when it started)
+        when = next(iter(by_date))[11:16]
+        parts.append(f"all rows shown at {when} UTC" if merged else f"every row in one run from {when} UTC")
     elif len(by_date) > 1:  # rows re-measured over earlier runs (``--merge``, maybe more than once): which ran when
         most = max(by_date, key=lambda d: len(by_date[d]))
         # one part per run: a figure caption puts each on its own line (``sep``), so none outgrows the figure
