@@ -2,7 +2,9 @@
 the tables cost in bytes against the K/V they index, and the on-device transpose."""
 from __future__ import annotations
 
+import datetime
 import functools
+import platform
 
 import plotly.graph_objects as go
 import torch
@@ -20,27 +22,35 @@ def table_heatmaps(layout: BlockLayout, title: str = "") -> go.Figure:
     tiles visit each key tile), drawn as ``rank within the list`` so the traversal order shows."""
     import numpy as np
     nq, nk = layout.nq, layout.nk
-    fwd = np.full((nq, nk), np.nan)
-    for count, index, off in ((layout.kv_count, layout.kv_index, 0), (layout.full_count, layout.full_index, 0.5)):
-        for i in range(nq):
-            for r, j in enumerate(index[0, 0, i, : int(count[0, 0, i])].tolist()):
-                fwd[i, j] = r + off
-    bwd = np.full((nq, nk), np.nan)
-    for count, index, off in ((layout.q_count, layout.q_index, 0), (layout.full_q_count, layout.full_q_index, 0.5)):
-        for j in range(nk):
-            for r, i in enumerate(index[0, 0, j, : int(count[0, 0, j])].tolist()):
-                bwd[i, j] = r + off
+    def ranks(lists, n_own: int) -> "np.ndarray":
+        """Rank of each tile in its list, in a [nq, nk] grid (NaN where the list does not hold the tile)."""
+        z = np.full((nq, nk), np.nan)
+        count, index, by_row = lists
+        for a in range(n_own):
+            for r, b in enumerate(index[0, 0, a, : int(count[0, 0, a])].tolist()):
+                z[(a, b) if by_row else (b, a)] = r
+        return z
+
     fig = make_subplots(rows=1, cols=2, subplot_titles=("rows (O, dQ)", "columns (dK, dV)"),
                         horizontal_spacing=0.12)
-    fig.add_trace(go.Heatmap(z=fwd.tolist(), colorscale="Blues", showscale=False, xgap=1, ygap=1,
-                             hovertemplate="q tile %{y}, kv tile %{x}: position %{z}<extra></extra>"), 1, 1)
-    fig.add_trace(go.Heatmap(z=bwd.tolist(), colorscale="Oranges", showscale=False, xgap=1, ygap=1,
-                             hovertemplate="q tile %{y}, kv tile %{x}: position %{z}<extra></extra>"), 1, 2)
+    panels = (((layout.kv_count, layout.kv_index, True), (layout.full_count, layout.full_index, True), nq,
+               "Blues"),
+              ((layout.q_count, layout.q_index, False), (layout.full_q_count, layout.full_q_index, False), nk,
+               "Oranges"))
+    for col, (partial, full, n_own, scale) in enumerate(panels, start=1):
+        for lists, colors, kind in ((partial, scale, "partial"), (full, "Greys", "full")):
+            z = ranks(lists, n_own)
+            # zmin below 0: position 0 is drawn light, not white
+            fig.add_trace(go.Heatmap(z=z.tolist(), colorscale=colors, showscale=False, xgap=1, ygap=1,
+                                     zmin=-0.25 * max(1, np.nanmax(z, initial=0)),
+                                     hovertemplate=(f"q tile %{{y}}, kv tile %{{x}}: {kind} tile, position "
+                                                    "%{z} in its list<extra></extra>")), 1, col)
     for c in (1, 2):
         fig.update_yaxes(autorange="reversed", title_text="query tile", row=1, col=c)
         fig.update_xaxes(title_text="key tile", row=1, col=c)
     fig.update_layout(title=title or "The same tiles, listed by rows and by columns<br><sup>shade = position "
-                      "in the tile's list; full tiles half a step darker</sup>", height=430, title_font_size=14)
+                      "in the tile's list (darker: later); partial tiles in colour, full tiles in grey, each kind "
+                      "in its own list</sup>", height=430, title_font_size=14)
     return fig
 
 
@@ -81,13 +91,14 @@ def transpose_path(device: str) -> str:
     return "fused Triton kernel" if device == "cuda" else "torch stable sort"
 
 
-def _transpose_once(lay: BlockLayout, device: str) -> None:
+def _transpose_once(lay: BlockLayout, device: str, width: int, full_width: int) -> None:
+    """Both lists transposed once, each at the width its longest column needs (counted before the timing)."""
     if device == "cuda":
-        lay.transpose(width=lay.nq)
+        lay.transpose(width=max(width, full_width))
         return
     from .._tiles import _transpose_one_torch
-    _transpose_one_torch(lay.kv_count, lay.kv_index, lay.nk, lay.nq)
-    _transpose_one_torch(lay.full_count, lay.full_index, lay.nk, lay.nq)
+    _transpose_one_torch(lay.kv_count, lay.kv_index, lay.nk, width)
+    _transpose_one_torch(lay.full_count, lay.full_index, lay.nk, full_width)
 
 
 def _median_ms(run, repeat: int, sync=None, clock=None) -> float:
@@ -124,12 +135,14 @@ def transpose_cost_figure(Ns=(2048, 4096, 8192, 16384, 32768), block: int = 64, 
         for N in Ns:
             lay = BlockLayout.from_mask_mod(mm, N, N, block, block, device=dev)
             xs.append(int(lay.kv_count.sum() + lay.full_count.sum()))
-            ys.append(_median_ms(functools.partial(_transpose_once, lay, dev), repeat, sync))
+            widths = [max(1, int(c.max())) for c in (lay.q_count, lay.full_q_count)]  # longest columns
+            ys.append(_median_ms(functools.partial(_transpose_once, lay, dev, *widths), repeat, sync))
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name))
-    where = torch.cuda.get_device_name(0) if dev == "cuda" else "this machine's CPU"
+    where = torch.cuda.get_device_name(0) if dev == "cuda" else f"a CPU ({platform.machine()})"
     fig.update_layout(title=f"Transpose time against listed tiles: the {transpose_path(dev)}<br><sup>tiles "
-                            f"{block}x{block}, median of {repeat} runs, measured live on {where} when the page was "
-                            "built</sup>",
+                            f"{block}x{block}, each list as wide as its longest column, median of {repeat} runs, "
+                            f"<br>measured live on {where} (torch {torch.__version__}) when the page was built, "
+                            f"{datetime.date.today().isoformat()}</sup>",
                       xaxis_title="listed tiles (nnz)", yaxis_title="transpose time (ms)", xaxis_type="log",
                       yaxis_type="log", height=400, title_font_size=14)
     return tidy_log(fig)
