@@ -516,6 +516,9 @@ def test_docstring_failure_notes_follow_the_data():
     assert f"predicts Flex {ratio['flex bwd sinks64+window1024 N=32768']:.2f}x of what it took" in doc
     assert f"``window333``, predicted {ratio['sparseattn-atomic bwd window333 N=32768']:.1f}x what it took" in doc
     assert f"the deterministic path there: {ratio['sparseattn bwd window333 N=32768']:.2f}x, inside" in doc
+    fwd = rec["model"]["sparseattn/fwd"]["params"]
+    assert f"it put {fwd['partial_overhead']:.2f} tile-equivalents on each partial tile and none on a program" in doc
+    assert fwd["program_overhead"] == 0.0
     xo = rows("crossover-h200.json")
     at = {(r["impl"], r["pass"], r["case"]["pattern"], r["case"]["N"]): (i, r) for i, r in enumerate(xo)
           if r["case"].get("family")}

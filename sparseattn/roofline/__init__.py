@@ -134,6 +134,10 @@ Why those fail:
   1.3x what it took: at 333 tokens most listed tiles are partial, and the backward's partial-tile overhead
   is tied to the forward's, which the calibration layouts cannot separate (the deterministic path there:
   1.12x, inside the band).
+* the sweep's forward on random tiles and on documents, predicted low: the calibration layouts (causal,
+  window) have about as many partial tiles as programs, so the fit cannot tell a cost per program from a cost
+  per partial tile; it put 1.08 tile-equivalents on each partial tile and none on a program, and layouts
+  with many programs and few partial tiles come out cheap.
 * the sweep's eager points at N < 8k: the host can set the time there -- our window backward's eager times
   at N = 1k-2k (0.19-0.26 ms) are 1.7-3.1x its device times there -- and the host's time per call is not
   steady within one run nor the same from layout to layout, while the part's host time, measured once on one

@@ -106,7 +106,8 @@ _GROUPS = {
 #: decode runs the packaged record was fitted on were later re-recorded (a read ceiling); the fit keeps reading
 #: the runs it was made from. The prefill and backward suites were re-recorded on 2026-12-02 with the kernels
 #: as they are (the runs before: ``checks/{prefill,backward}-2026-11-29-h200.json``, whose backward rows of ours
-#: predated TMA and were replaced in the fit by the ``versus`` suite's rows until then).
+#: predated TMA and were replaced in the fit by the ``versus`` suite's rows until then). The layout build is
+#: fitted on the current layout suite (its kernels changed).
 FILES = ("prefill-h200.json", "backward-h200.json", "decode_keep-h200.json", "decode-sweep-h200.json",
          "layout-h200.json")
 #: The host path of each file recorded after the cached launch (the others ran :data:`.host.RECORDED_PATH`):
