@@ -71,11 +71,12 @@ def merge_error_figure(chunks: int = 8, n: int = 4096, trials: int = 30) -> go.F
     what = (f"a {n}-key row left whole: 1 piece, nothing to merge" if chunks == 1
             else f"{chunks} random pieces of a {n}-key row, merged in random order")
     fig.update_layout(title=f"{what}"
-                            "<br><sup>error vs the fp64 one-pass softmax, in machine epsilons of each dtype; "
-                            f"computed on the CPU that ran this page ({platform.machine()}, torch "
+                            "<br><sup>error vs the fp64 one-pass softmax, in machine epsilons of each dtype"
+                            f"<br>computed on the CPU that ran this page ({platform.machine()}, torch "
                             f"{torch.__version__})</sup>",
                       xaxis_title="trial (random cut points and merge order)",
-                      yaxis_title="max |error| / machine epsilon", height=420, title_font_size=14)
+                      yaxis_title="max |error| / machine epsilon", height=440, title_font_size=14,
+                      margin=dict(t=115))
     return fig
 
 
@@ -113,8 +114,9 @@ def duplicate_tile_figure(duplicated: Optional[int] = 3, n: int = 512, tile: int
     """Attention weights of one row when tile ``duplicated`` is merged twice (None = no duplicate)."""
     st = duplicate_tile_states(duplicated, n, tile)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(y=st["exact"].tolist(), name="exact softmax", mode="lines"))
-    fig.add_trace(go.Scatter(y=st["merged"].tolist(), name="weights after merging", mode="lines",
+    keys = list(range(n))
+    fig.add_trace(go.Scatter(x=keys, y=st["exact"].tolist(), name="exact softmax", mode="lines"))
+    fig.add_trace(go.Scatter(x=keys, y=st["merged"].tolist(), name="weights after merging", mode="lines",
                              line=dict(dash="dot")))
     if duplicated is None:
         label = "every tile merged once: the merged weights are the softmax"
@@ -125,6 +127,6 @@ def duplicate_tile_figure(duplicated: Optional[int] = 3, n: int = 512, tile: int
                             f"{st['error']:.1e}; computed in fp64 (shaded: the duplicated tile)</sup>",
                       xaxis_title="key position", yaxis_title="attention weight", height=400, title_font_size=14)
     if duplicated is not None:
-        fig.add_vrect(x0=duplicated * tile - 0.5, x1=(duplicated + 1) * tile - 0.5, fillcolor="gray",
+        fig.add_vrect(x0=duplicated * tile, x1=min((duplicated + 1) * tile, n) - 1, fillcolor="gray",
                       opacity=0.15, line_width=0)
     return fig
