@@ -75,8 +75,9 @@ def backward_figure(bwd: BenchFile, fwd: BenchFile) -> go.Figure:
                              name="cuDNN backward on the envelope (causal or dense)"))
     fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="time (ms, median)", xaxis_title="pattern",
                       height=480, title_font_size=14, legend=dict(orientation="h", y=-0.3),
-                      title=f"Backward and forward at N = 32k<br><sup>bf16, B=1, H=16, D=128, 128-token tiles, "
-                            f"before TMA in the backward<br>{bwd.caption()}</sup>")
+                      title=f"Backward and forward at N = 32k<br><sup>bf16, B=1, H=16, D=128, 128-token tiles; "
+                            f"the four patterns the prefill suite also times<br>backward {bwd.caption()}"
+                            f"<br>forward {fwd.caption()}</sup>", margin=dict(t=130))
     return tidy_log(fig)
 
 
