@@ -22,24 +22,22 @@ def table_heatmaps(layout: BlockLayout, title: str = "") -> go.Figure:
     tiles visit each key tile), drawn as ``rank within the list`` so the traversal order shows."""
     import numpy as np
     nq, nk = layout.nq, layout.nk
-    def ranks(lists, n_own: int) -> "np.ndarray":
-        """Rank of each tile in its list, in a [nq, nk] grid (NaN where the list does not hold the tile)."""
+    def ranks(count, index, by_row: bool) -> "np.ndarray":
+        """Rank of each tile in its list (rows' lists when ``by_row``, else columns'), in a [nq, nk] grid; NaN
+        where the list does not hold the tile."""
         z = np.full((nq, nk), np.nan)
-        count, index, by_row = lists
-        for a in range(n_own):
+        for a in range(index.shape[2]):
             for r, b in enumerate(index[0, 0, a, : int(count[0, 0, a])].tolist()):
                 z[(a, b) if by_row else (b, a)] = r
         return z
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("rows (O, dQ)", "columns (dK, dV)"),
                         horizontal_spacing=0.12)
-    panels = (((layout.kv_count, layout.kv_index, True), (layout.full_count, layout.full_index, True), nq,
-               "Blues"),
-              ((layout.q_count, layout.q_index, False), (layout.full_q_count, layout.full_q_index, False), nk,
-               "Oranges"))
-    for col, (partial, full, n_own, scale) in enumerate(panels, start=1):
-        for lists, colors, kind in ((partial, scale, "partial"), (full, "Greys", "full")):
-            z = ranks(lists, n_own)
+    panels = ((True, "Blues", ((layout.kv_count, layout.kv_index), (layout.full_count, layout.full_index))),
+              (False, "Oranges", ((layout.q_count, layout.q_index), (layout.full_q_count, layout.full_q_index))))
+    for col, (by_row, scale, (partial, full)) in enumerate(panels, start=1):
+        for (count, index), colors, kind in ((partial, scale, "partial"), (full, "Greys", "full")):
+            z = ranks(count, index, by_row)
             # zmin below 0: position 0 is drawn light, not white
             fig.add_trace(go.Heatmap(z=z.tolist(), colorscale=colors, showscale=False, xgap=1, ygap=1,
                                      zmin=-0.25 * max(1, np.nanmax(z, initial=0)),

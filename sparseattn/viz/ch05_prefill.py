@@ -183,8 +183,8 @@ def speedups(doc: BenchFile) -> list:
 
 
 #: marker of each prefill pattern in :func:`prefill_speedup_figure` (named in its subtitle)
-_PATTERN_SYMBOLS = {"causal": ("circle", "circle"), "window1024": ("square", "square"),
-                    "sinks64+window1024": ("diamond", "diamond"), "random10%+diag": ("triangle-up", "triangle")}
+_PATTERN_SYMBOLS = {"causal": "circle", "window1024": "square", "sinks64+window1024": "diamond",
+                    "random10%+diag": "triangle-up"}
 
 
 def prefill_speedup_figure(doc: BenchFile) -> go.Figure:
@@ -196,10 +196,10 @@ def prefill_speedup_figure(doc: BenchFile) -> go.Figure:
         fig.add_trace(go.Scatter(x=[r[2] for r in rows], y=[r[k] for r in rows], mode="markers", name=label,
                                  text=[f"{r[0]} N={r[1]}" for r in rows],
                                  marker=dict(size=9, color=COLORS[impl],
-                                             symbol=[_PATTERN_SYMBOLS[r[0]][0] for r in rows]),
+                                             symbol=[_PATTERN_SYMBOLS[r[0]] for r in rows]),
                                  hovertemplate="%{text}: %{y:.2f}x<extra></extra>"))
     fig.add_hline(y=1.0, line_dash="dot")
-    shapes = ", ".join(f"{_PATTERN_SYMBOLS[p][1]} {p}" for p in dict.fromkeys(r[0] for r in rows))
+    shapes = ", ".join(f"{_PATTERN_SYMBOLS[p].split('-')[0]} {p}" for p in dict.fromkeys(r[0] for r in rows))
     fig.update_layout(title=f"Speedup of the sparse kernel against logical density<br><sup>every pattern and "
                             f"N of the prefill suite (bf16, B=1, H=16, D=128, tiles 128x128)<br>markers: {shapes}"
                             f"<br>same work: causal cuDNN (dense for random10%+diag)<br>{doc.caption()}</sup>",
